@@ -1,0 +1,1 @@
+"""The spectest property suite: what ``pytest --spec-model X`` runs against X."""

@@ -1,0 +1,149 @@
+"""The rejection chain: a rejection at position k discards every later position.
+
+Forced rejection: drafts before k are accepted with certainty and p(d_k) = 0 rejects d_k with
+certainty, so exactly k + 1 tokens must come out and no later draft may appear, whatever
+follows. Forced acceptance: every draft is accepted with certainty, so all K drafts and one
+bonus token come out, the bonus distributed as target_probs[:, K] of its own row.
+
+"Accepted with certainty" means p = q. For a model that declares ``standard-rejection`` that is
+any p = q (min(1, p/q) = 1 exactly); for any other lossless verifier (one that ignores q, say)
+only p = q = one-hot at the draft forces acceptance, so those rows use that.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from spectest import strategies as sst
+from spectest.cases import chunked_repeats, draw_drafts, repeat_rows, to_tensor
+from spectest.models import target_distribution
+from spectest.stats import Group, chisquare_groups
+
+REPEATS = 4  # independent verify calls per forced-rejection case (exact checks: cheap)
+BONUS_SAMPLES = 20_000
+MAX_ELEMENTS = 5_000_000
+
+
+def certain_acceptance(draft: np.ndarray, drafts: np.ndarray, standard: bool) -> np.ndarray:
+    """Draft rows that make every lossless verifier accept: q itself for a standard verifier
+    (the caller sets p = q), one-hot at the drafted token otherwise."""
+    if standard:
+        return draft
+    one_hot = np.zeros_like(draft)
+    np.put_along_axis(one_hot, drafts[..., None], 1.0, axis=-1)
+    return one_hot
+
+
+def draw_numpy_drafts(rng: np.random.Generator, draft: np.ndarray) -> np.ndarray:
+    cdf = draft.cumsum(axis=-1)
+    u = rng.random(draft.shape[:-1])[..., None] * cdf[..., -1:]
+    return np.minimum((cdf <= u).sum(axis=-1), draft.shape[-1] - 1)
+
+
+def forced_rejection_inputs(
+    case: sst.ChainCase, standard: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Drafts, q, p and the rejection position of every row (float64 numpy)."""
+    target, draft = sst.build_chain(case)
+    rng = np.random.default_rng(case.seed + 1)
+    b, k, v = case.batch, case.k, case.vocab
+    reject_at = rng.integers(0, k, size=b)
+    drafts = draw_numpy_drafts(rng, draft)
+    before = np.arange(k)[None, :] < reject_at[:, None]
+    draft = np.where(before[..., None], certain_acceptance(draft, drafts, standard), draft)
+    for r in range(b):
+        target[r, :k] = draft[r]  # p = q: certain before k, and tempting after k
+        p = target_distribution(rng, v, "dirichlet")
+        p[drafts[r, reject_at[r]]] = 0.0
+        if p.sum() <= 0:  # only possible for V = 1
+            raise ValueError("forced rejection needs V >= 2")
+        target[r, reject_at[r]] = p / p.sum()
+    return drafts, draft, target, reject_at
+
+
+@pytest.mark.spec_property(examples=10, checks=0)
+def test_rejection_discards_every_later_position(spec) -> None:
+    def body(case: sst.ChainCase) -> None:
+        drafts_np, draft_np, target_np, reject_at = forced_rejection_inputs(case, spec.standard)
+        drafts = torch.as_tensor(drafts_np, device=spec.device)
+        draft = to_tensor(draft_np, device=spec.device, dtype=case.dtype)
+        target = to_tensor(target_np, device=spec.device, dtype=case.dtype)
+        _, verify_gen = spec.generators(case.seed)
+        expected = torch.as_tensor(reject_at, device=spec.device) + 1
+        for _ in range(REPEATS):
+            emitted = spec.verify(drafts, draft, target, verify_gen)
+            lengths = (emitted != -1).sum(dim=1)
+            wrong = (lengths != expected).nonzero()
+            if wrong.numel():
+                r = int(wrong[0])
+                spec.require(
+                    False, "a rejection at position k emits exactly k + 1 tokens",
+                    f"row {r}: drafts {drafts_np[r].tolist()}, p = q before position {reject_at[r]} and "
+                    f"p(draft) = 0 there, so exactly {reject_at[r] + 1} tokens must come out; got "
+                    f"{emitted[r].tolist()} ({case})",
+                )
+            rows = torch.arange(case.batch, device=spec.device)
+            correction = emitted[rows, expected - 1]
+            p_correction = target[rows, expected - 1, correction]
+            bad = ((correction == drafts[rows, expected - 1]) | (p_correction <= 0)).nonzero()
+            if bad.numel():
+                r = int(bad[0])
+                spec.require(
+                    False, "the correction at a rejection comes from norm(max(0, p - q))",
+                    f"row {r}: rejected draft {drafts_np[r, reject_at[r]]} at position {reject_at[r]} was "
+                    f"replaced by token {int(correction[r])} of target probability {float(p_correction[r]):.3g} "
+                    f"({case})",
+                )
+
+    spec.given(
+        sst.chain_cases(batch=st.integers(65, 128), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=4097)),
+        body,
+    )
+
+
+@pytest.mark.spec_property(examples=6, checks=1)
+def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
+    def body(case: sst.ChainCase) -> None:
+        started = time.perf_counter()
+        target_np, draft_np = sst.build_chain(case)
+        b, k, v = case.batch, case.k, case.vocab
+        repeats = -(-spec.samples(BONUS_SAMPLES) // b)
+        draft_gen, verify_gen = spec.generators(case.seed)
+        counts = torch.zeros(b * v, dtype=torch.int64, device=spec.device)
+        for reps in chunked_repeats(repeats, b, (2 * k + 1) * v, MAX_ELEMENTS):
+            draft_probs = repeat_rows(to_tensor(draft_np, device=spec.device, dtype=case.dtype), reps)
+            drafts = draw_drafts(draft_probs, draft_gen)
+            if not spec.standard:
+                draft_probs = torch.zeros_like(draft_probs).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+            target_probs = repeat_rows(to_tensor(target_np, device=spec.device, dtype=case.dtype), reps)
+            target_probs[:, :k] = draft_probs  # p = q at every draft position: all K accepted
+            emitted = spec.verify(drafts, draft_probs, target_probs, verify_gen)
+            short = (emitted[:, :k] != drafts).any(dim=1).nonzero()
+            if short.numel():
+                r = int(short[0])
+                spec.require(
+                    False, "drafts with p = q are always accepted",
+                    f"row {r % b}: p = q at all {k} positions, drafts {drafts[r].tolist()}, got {emitted[r].tolist()} "
+                    f"({case})",
+                )
+            rows = torch.arange(b, device=spec.device).repeat(reps)
+            counts += torch.bincount(rows * v + emitted[:, k], minlength=b * v)
+        counts_np = counts.view(b, v).cpu().numpy()
+        zero = np.argwhere((target_np[:, k] <= 0) & (counts_np > 0))
+        if zero.size:
+            r, t = zero[0]
+            spec.require(False, "never emits a token the target gives probability zero",
+                         f"row {r}: bonus token {t} has target probability 0 at position K={k} ({case})")
+        groups = [Group(counts_np[r], target_np[r, k], f"row {r} ") for r in range(b)]
+        spec.check_fit(chisquare_groups("bonus-token distribution", groups, alpha=spec.alpha),
+                       context=f"bonus of {repeats} all-accepted passes per row, {case}", started=started)
+
+    spec.given(
+        sst.chain_cases(batch=st.integers(65, 128), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=1100)),
+        body,
+    )

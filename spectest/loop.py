@@ -1,0 +1,84 @@
+"""The harness loop: generate sequences through repeated verify calls, as an engine would.
+
+Each pass drafts K tokens from the draft model, scores the drafted prefix with the target (one
+distribution per prefix, plus the bonus row), calls the verifier, appends what it emitted and
+continues from there. All rows advance together; a row stops once it holds ``length`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spectest.models import MarkovChain
+from spectest.protocol import PAD, Model, call_verify
+from spectest.sampling import sample_categorical
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # [n, length] int64
+    passes: int  # verify calls made
+    tokens_per_pass: torch.Tensor  # every row's emitted count, for every pass, concatenated
+
+
+def as_tensor(table: MarkovChain, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(table.table, dtype=dtype, device=device)
+
+
+def generate(
+    model: Model,
+    target: MarkovChain,
+    draft: MarkovChain,
+    *,
+    n_sequences: int,
+    length: int,
+    k: int,
+    draft_generator: torch.Generator,
+    verify_generator: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    timeout: float | None = None,
+) -> Generation:
+    """``n_sequences`` independent sequences of ``length`` tokens from speculative decoding."""
+    target_table = as_tensor(target, device=device, dtype=dtype)
+    draft_table = as_tensor(draft, device=device, dtype=dtype)
+    tokens = torch.full((n_sequences, length + k + 1), PAD, dtype=torch.int64, device=device)
+    lengths = torch.zeros(n_sequences, dtype=torch.int64, device=device)
+    slots = torch.arange(k + 1, device=device)
+    passes, per_pass = 0, []
+    while True:
+        active = (lengths < length).nonzero().squeeze(1)
+        if active.numel() == 0:
+            break
+        filled = lengths[active]
+        last = tokens[active, (filled - 1).clamp_min(0)]
+        context = torch.where(filled > 0, last, target.start)
+        contexts, drafts, draft_rows = [context], [], []
+        for _ in range(k):
+            q = draft_table[context]
+            context = sample_categorical(q, draft_generator)
+            draft_rows.append(q)
+            drafts.append(context)
+            contexts.append(context)
+        draft_ids = torch.stack(drafts, dim=1)
+        target_probs = target_table[torch.stack(contexts, dim=1)]
+        emitted = call_verify(
+            model, draft_ids, torch.stack(draft_rows, dim=1), target_probs, verify_generator, timeout=timeout
+        )
+        present = emitted != PAD
+        where = filled.unsqueeze(1) + slots
+        row_index = active.unsqueeze(1).expand_as(where)
+        tokens[row_index[present], where[present]] = emitted[present]
+        count = present.sum(dim=1)
+        lengths[active] += count
+        per_pass.append(count)
+        passes += 1
+    return Generation(tokens[:, :length], passes, torch.cat(per_pass))
+
+
+def sequence_index(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Row-major cell index of each sequence, matching MarkovChain.sequence_probs."""
+    weights = vocab_size ** torch.arange(tokens.shape[1] - 1, -1, -1, device=tokens.device)
+    return (tokens * weights).sum(dim=1)

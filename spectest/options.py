@@ -1,0 +1,113 @@
+"""Option definitions shared by the pytest plugin and the ``spectest`` command line.
+
+Pure data and parsing: importing this module costs nothing (the plugin loads in every pytest run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_ALPHA = 1e-4
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much work a run spends: Hypothesis examples and samples per check, as factors."""
+
+    name: str
+    examples: float
+    samples: float
+
+
+BUDGETS = {
+    "quick": Budget("quick", examples=0.34, samples=0.5),
+    "default": Budget("default", examples=1.0, samples=1.0),
+    "thorough": Budget("thorough", examples=4.0, samples=4.0),
+}
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
+def seed(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be a non-negative integer, got {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0 seconds (0 disables), got {text}")
+    return value
+
+
+# (flag, ini name, help, extra argparse-style keywords). One table serves plugin and CLI.
+OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        "--spec-model",
+        "spec_model",
+        "implementation to check: a registered name (e.g. 'reference'), 'package.module:attr' or "
+        "'path/to/file.py:attr'; repeat for several (one parametrized run each)",
+        {"action": "append", "default": None, "metavar": "X"},
+    ),
+    ("--spec-device", "spec_device", "device for the checks: cpu, cuda or cuda:N (default cpu)", {"default": None}),
+    ("--spec-seed", "spec_seed", "seed of the whole run; a printed seed replays a failure", {"default": None}),
+    (
+        "--spec-alpha",
+        "spec_alpha",
+        f"probability that the whole run fails a correct implementation (default {DEFAULT_ALPHA})",
+        {"default": None},
+    ),
+    (
+        "--spec-budget",
+        "spec_budget",
+        "time/strength trade-off: quick, default or thorough",
+        {"default": None, "choices": sorted(BUDGETS)},
+    ),
+    (
+        "--spec-timeout",
+        "spec_timeout",
+        f"seconds one verify call may take before it counts as a hang (default {DEFAULT_TIMEOUT_S:g}; 0: off)",
+        {"default": None},
+    ),
+]
+
+
+def add_pytest_options(parser: Any) -> None:
+    group = parser.getgroup("spectest", "speculative decoding checks (spectest)")
+    for flag, ini, help_text, extra in OPTIONS:
+        group.addoption(flag, dest=ini, help=help_text, **extra)
+        parser.addini(ini, help=help_text, type="linelist" if extra.get("action") == "append" else "string")
+    group.addoption(
+        "--spec-no-shrink",
+        dest="spec_no_shrink",
+        action="store_true",
+        help="report the first failing example without shrinking it (faster on broken implementations)",
+    )
+
+
+def add_argparse_options(parser: Any) -> None:
+    for flag, ini, help_text, extra in OPTIONS:
+        if flag != "--spec-model":
+            parser.add_argument(flag, dest=ini, help=help_text, **extra)
+    parser.add_argument("--spec-no-shrink", dest="spec_no_shrink", action="store_true")
+
+
+def to_pytest_args(namespace: Any) -> list[str]:
+    """Turn CLI options back into pytest arguments (the CLI hands over to pytest)."""
+    args: list[str] = []
+    for flag, ini, _, _ in OPTIONS:
+        value = getattr(namespace, ini, None)
+        if value is not None and flag != "--spec-model":
+            args += [flag, str(value)]
+    if getattr(namespace, "spec_no_shrink", False):
+        args.append("--spec-no-shrink")
+    return args

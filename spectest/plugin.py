@@ -1,0 +1,229 @@
+"""pytest plugin: ``pytest --spec-model X`` runs the spectest property suite against X.
+
+Loaded in every pytest run through the ``pytest11`` entry point, so it imports nothing heavy:
+torch and the user's implementation are imported only when ``--spec-model`` asks for them.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from spectest import options
+from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_TIMEOUT_S, Budget
+
+if TYPE_CHECKING:
+    from spectest.protocol import Model
+
+SUITE_DIR = Path(__file__).resolve().parent.parent / "properties"
+MARKER = "spec_property"
+RESULT_KEY = "spectest"
+
+
+@dataclass
+class SpecSession:
+    """Everything the run was configured with, plus the significance split made at collection."""
+
+    model_specs: list[str]
+    device: str
+    seed: int
+    alpha: float
+    budget: Budget
+    timeout: float
+    shrink: bool
+    models: list[Model] = field(default_factory=list)
+    checks_per_model: dict[str, int] = field(default_factory=dict)
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def alpha_per_check(self, model: str) -> float:
+        """Bonferroni: the run's alpha shared equally by the model's statistical checks."""
+        return self.alpha / max(1, self.checks_per_model.get(model, 1))
+
+    def replay_command(self, model: Model, test_name: str) -> str:
+        parts = ["pytest", "--spec-model", model.source, "--spec-seed", str(self.seed)]
+        if self.device != "cpu":
+            parts += ["--spec-device", self.device]
+        if self.budget.name != "default":
+            parts += ["--spec-budget", self.budget.name]
+        if self.alpha != DEFAULT_ALPHA:
+            parts += ["--spec-alpha", repr(self.alpha)]
+        parts += ["-k", test_name]
+        return shlex.join(parts)
+
+
+SESSION = pytest.StashKey[SpecSession]()
+
+
+def examples_for(marker: pytest.Mark, budget: Budget) -> int:
+    """Hypothesis examples a property runs under ``budget`` (explicit examples included)."""
+    explicit = int(marker.kwargs.get("explicit", 0))
+    return explicit + max(1, round(int(marker.kwargs.get("examples", 10)) * budget.examples))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_pytest_options(parser)
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    if value in (None, []):
+        value = config.getini(name) or None
+    return value
+
+
+def _parse(config: pytest.Config, name: str, parser: Any, default: Any) -> Any:
+    raw = _option(config, name)
+    if raw is None:
+        return default
+    try:
+        return parser(raw)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--{name.replace('_', '-')}: {exc}") from None
+
+
+def _check_device(device: str) -> str:
+    if device == "cpu":
+        return device
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise pytest.UsageError(f"--spec-device {device!r}: expected cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise pytest.UsageError(f"--spec-device {device!r}: CUDA is not available on this machine")
+    index = int(device[5:]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise pytest.UsageError(f"--spec-device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(examples, checks, explicit=0): a spectest property; 'checks' statistical "
+        "assertions per Hypothesis example share the run's significance budget",
+    )
+    specs = list(_option(config, "spec_model") or [])
+    session = SpecSession(
+        model_specs=specs,
+        device=_check_device(str(_option(config, "spec_device") or "cpu")),
+        seed=_parse(config, "spec_seed", options.seed, random.SystemRandom().randrange(2**32)),
+        alpha=_parse(config, "spec_alpha", options.probability, DEFAULT_ALPHA),
+        budget=BUDGETS[str(_option(config, "spec_budget") or "default")],
+        timeout=_parse(config, "spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
+        shrink=not config.getoption("spec_no_shrink"),
+    )
+    if specs:
+        session.models = _resolve_all(specs)
+        if config.args_source != pytest.Config.ArgsSource.ARGS:
+            config.args = [str(SUITE_DIR)]  # no paths given: run the installed property suite
+    config.stash[SESSION] = session
+    config.pluginmanager.register(ResultCollector(session), "spectest-results")
+
+
+def _resolve_all(specs: list[str]) -> list[Model]:
+    from spectest.resolve import ModelSpecError, resolve_model
+
+    try:
+        return [resolve_model(spec) for spec in specs]
+    except ModelSpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _session_models(config: pytest.Config) -> list[Model]:
+    session = config.stash[SESSION]
+    if not session.models:  # properties collected without --spec-model: check the reference
+        session.models = _resolve_all(["reference"])
+    return session.models
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash.get(SESSION, None)
+    if session is None or not session.model_specs:
+        return []
+    described = []
+    for model in session.models:
+        caps = f" [{', '.join(sorted(model.capabilities))}]" if model.capabilities else ""
+        described.append(f"{model.name}{caps}")
+    return [
+        f"spectest: models: {', '.join(described)}",
+        f"spectest: device: {session.device}, seed: {session.seed} (replay with --spec-seed {session.seed}), "
+        f"alpha: {session.alpha:g}, budget: {session.budget.name}",
+    ]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "spec_model" in metafunc.fixturenames:
+        models = _session_models(metafunc.config)
+        metafunc.parametrize("spec_model", models, ids=[m.name for m in models], scope="session")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Split the significance budget over every statistical check collected for each model.
+
+    Runs before ``-k``/``-m`` deselection, so a replay of one test uses the same per-check level.
+    """
+    session = config.stash[SESSION]
+    counts: dict[str, int] = {}
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        callspec = getattr(item, "callspec", None)
+        if marker is None or callspec is None or "spec_model" not in callspec.params:
+            continue
+        name = callspec.params["spec_model"].name
+        per_example = int(marker.kwargs.get("checks", 1))
+        counts[name] = counts.get(name, 0) + per_example * examples_for(marker, session.budget)
+    session.checks_per_model = counts
+
+
+@pytest.fixture
+def spec_device(request: pytest.FixtureRequest) -> Any:
+    import torch
+
+    return torch.device(request.config.stash[SESSION].device)
+
+
+@pytest.fixture
+def spec(request: pytest.FixtureRequest, spec_model: Model) -> Any:
+    """The running property: Hypothesis settings, seeds, significance level and verdicts."""
+    from spectest.runner import PropertyRun
+
+    return PropertyRun(request.config.stash[SESSION], spec_model, request.node)
+
+
+class ResultCollector:
+    """Gathers check records from test reports (on the xdist controller too: reports travel)."""
+
+    def __init__(self, session: SpecSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.session.results += [value for key, value in report.user_properties if key == RESULT_KEY]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION, None)
+    if session is None or not session.checks_per_model:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("spectest")
+    for model, count in session.checks_per_model.items():
+        write(
+            f"{model}: false-failure budget alpha={session.alpha:g} split over {count} statistical checks "
+            f"(Bonferroni, each at {session.alpha / count:.3g}); seed {session.seed}"
+        )
+    statistical = [r for r in session.results if "p_value" in r and r["df"] > 0]
+    if statistical:
+        failed = [r for r in statistical if not r["passed"]]
+        worst = max(r["min_detectable_tv"] for r in statistical)
+        samples = sum(int(r["n"]) for r in statistical)
+        write(
+            f"{len(statistical)} distribution checks on {samples} emitted tokens, {len(failed)} failed; "
+            f"weakest check detects TV >= {worst:.3f} with power 0.99"
+        )

@@ -1,0 +1,123 @@
+"""A property in progress: Hypothesis settings and seeds, contract-checked calls, verdicts.
+
+Hypothesis draws each case (sizes, kinds, a sampling seed); all sampling inside a case is
+seeded from that draw, and Hypothesis itself is seeded from the run's ``--spec-seed``. A run is
+therefore replayed exactly by its seed, and a failing case shrinks without ever being Flaky.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import hypothesis
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase
+from hypothesis import strategies as st
+
+from spectest.plugin import MARKER, RESULT_KEY, SpecSession, examples_for
+from spectest.protocol import ContractViolation, Model, call_verify
+from spectest.sampling import make_generator
+from spectest.stats import FitResult
+
+
+class StatisticalFailure(AssertionError):
+    """A distribution check rejected exactness at the run's per-check significance level."""
+
+
+class PropertyRun:
+    def __init__(self, session: SpecSession, model: Model, node: pytest.Item) -> None:
+        marker = node.get_closest_marker(MARKER)
+        if marker is None:
+            raise RuntimeError(f"{node.nodeid} uses the 'spec' fixture but has no {MARKER} marker")
+        self.session = session
+        self.model = model
+        self.node = node
+        self.device = torch.device(session.device)
+        self.explicit = int(marker.kwargs.get("explicit", 0))
+        self.examples = examples_for(marker, session.budget)
+        self.alpha = session.alpha_per_check(model.name)
+        self.test_name = getattr(node, "originalname", node.name)
+        self.replay = session.replay_command(model, self.test_name)
+        # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
+        self.standard = "standard-rejection" in model.capabilities
+
+    def __repr__(self) -> str:
+        return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
+
+    def samples(self, default: int) -> int:
+        """A sample size scaled by the run's budget."""
+        return max(1, round(default * self.session.budget.samples))
+
+    def given(self, strategy: st.SearchStrategy[Any], body: Callable[[Any], None], *, explicit: Sequence[Any] = ()) -> None:
+        """Run ``body`` on cases drawn from ``strategy`` (explicit cases first), with this run's
+        example count, seed and shrinking policy. Statistical failures and contract violations
+        propagate with their messages."""
+        __tracebackhide__ = True
+        if len(explicit) != self.explicit:
+            raise RuntimeError(f"{self.test_name}: marker declares {self.explicit} explicit cases, got {len(explicit)}")
+        phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if self.session.shrink else [])
+        settings = hypothesis.settings(
+            max_examples=self.examples - self.explicit,
+            deadline=None,
+            database=None,
+            phases=phases,
+            derandomize=False,
+            print_blob=False,
+            report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck),
+        )
+
+        def run(case: Any) -> None:
+            __tracebackhide__ = True
+            body(case)
+
+        for case in explicit:
+            run = hypothesis.example(case)(run)
+        run = hypothesis.given(strategy)(run)
+        run = settings(run)
+        seed_text = f"{self.session.seed}:{self.test_name}:{self.model.source}"
+        hypothesis.seed(zlib.crc32(seed_text.encode()))(run)()
+
+    def generators(self, seed: int) -> tuple[torch.Generator, torch.Generator]:
+        """Independent generators for the harness's own draws and for the verifier."""
+        return make_generator(seed, self.device), make_generator(seed ^ 0x5DEECE66D, self.device)
+
+    def verify(
+        self,
+        draft_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        return call_verify(
+            self.model, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
+        )
+
+    def require(self, ok: bool, rule: str, detail: str) -> None:
+        """An exact check: fail naming the model and the rule."""
+        __tracebackhide__ = True
+        if not ok:
+            raise ContractViolation(self.model.name, rule, f"{detail}\nreplay: {self.replay}")
+
+    def check_fit(self, result: FitResult, *, context: str, started: float | None = None) -> None:
+        """Record a distribution check and fail if it rejects exactness."""
+        __tracebackhide__ = True
+        record = result.as_record() | {
+            "model": self.model.name,
+            "property": self.test_name,
+            "seed": self.session.seed,
+            "context": context,
+            "duration_s": time.perf_counter() - started if started is not None else None,
+        }
+        self.node.user_properties.append((RESULT_KEY, record))
+        if not result.passed:
+            raise StatisticalFailure(
+                f"[{self.model.name}] output is not distributed as the target ({context}).\n"
+                f"{result.summary()}\n"
+                f"A correct implementation fails this check with probability {result.alpha:.2g}.\n"
+                f"replay: {self.replay}"
+            )

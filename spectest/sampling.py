@@ -1,0 +1,30 @@
+"""Seeded categorical sampling shared by the reference sampler and the harness loop."""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch.Generator on ``device`` seeded with ``seed`` (every draw must come from one)."""
+    gen = torch.Generator(device=torch.device(device))
+    gen.manual_seed(int(seed) % (2**63))
+    return gen
+
+
+def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw per row of ``weights`` [..., V] (unnormalised, non-negative) by inverse CDF.
+
+    A token of weight zero is never returned: the search lands on the first cell whose
+    cumulative weight exceeds the uniform, and a rounding overshoot is clamped to the last
+    cell of positive weight rather than to V - 1.
+    """
+    flat = weights.reshape(-1, weights.shape[-1])
+    cdf = flat.to(torch.float64).cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=flat.device, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, u * total, right=True)
+    positive = flat > 0
+    last_positive = flat.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
+    idx = torch.minimum(idx, last_positive)
+    return idx.reshape(weights.shape[:-1])

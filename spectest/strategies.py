@@ -1,0 +1,126 @@
+"""Hypothesis strategies for speculative-decoding cases, for the suite and for users' own tests.
+
+Strategies draw small *recipes* (sizes, kinds, a seed) rather than raw probability vectors:
+that keeps large vocabularies cheap, lets Hypothesis shrink toward small simple cases, and
+replays any case exactly from its printed repr. Build the arrays with :func:`build_chain`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spectest.models import DRAFT_KINDS, TARGET_KINDS, pair_batch
+
+# Sizes where kernels change tiles or blocks; bugs hide just either side of them.
+TILE_EDGES = (127, 128, 129, 255, 256, 257, 1023, 1024, 1025, 4095, 4096, 4097, 32000, 32768, 128256, 131072)
+
+
+def _validate_range(name: str, low: int, high: int, floor: int) -> None:
+    if low < floor or high < low:
+        raise ValueError(f"{name}: need {floor} <= min ({low}) <= max ({high})")
+
+
+def vocab_sizes(*, min_size: int = 2, max_size: int = 131072) -> st.SearchStrategy[int]:
+    """Vocabulary sizes: mostly small, plus tile edges and non-multiples of 128 up to max_size."""
+    _validate_range("vocab_sizes", min_size, max_size, 2)
+    edges = [v for v in TILE_EDGES if min_size <= v <= max_size]
+    parts = [st.integers(min_size, min(max_size, 64)) if min_size <= 64 else st.nothing(), st.integers(min_size, max_size)]
+    if edges:
+        parts.append(st.sampled_from(edges))
+    return st.one_of(parts)
+
+
+def draft_lengths(*, min_k: int = 1, max_k: int = 16) -> st.SearchStrategy[int]:
+    """K, the number of draft tokens per pass."""
+    _validate_range("draft_lengths", min_k, max_k, 1)
+    return st.integers(min_k, max_k)
+
+
+def batch_sizes(*, min_size: int = 1, max_size: int = 512) -> st.SearchStrategy[int]:
+    _validate_range("batch_sizes", min_size, max_size, 1)
+    return st.integers(min_size, max_size)
+
+
+def seeds() -> st.SearchStrategy[int]:
+    return st.integers(0, 2**32 - 1)
+
+
+def kind_pairs(
+    *, target_kinds: tuple[str, ...] = TARGET_KINDS, draft_kinds: tuple[str, ...] = DRAFT_KINDS
+) -> st.SearchStrategy[tuple[str, str]]:
+    """(target kind, draft kind): random drafts, disjoint supports, one-hot targets and drafts,
+    tiny masses, and drafts that favour tokens the target forbids."""
+    return st.tuples(st.sampled_from(target_kinds), st.sampled_from(draft_kinds))
+
+
+@dataclass(frozen=True)
+class ChainCase:
+    """One verify call's worth of inputs: every row and position has its own (p, q)."""
+
+    batch: int
+    k: int
+    vocab: int
+    kinds: tuple[tuple[str, str], ...]
+    seed: int
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class MarkovCase:
+    """A context-dependent target/draft pair and the sequence length to test."""
+
+    vocab: int
+    k: int
+    length: int
+    target_kind: str
+    draft_kind: str
+    seed: int
+    dtype: str = "float32"
+
+
+@st.composite
+def chain_cases(
+    draw: st.DrawFn,
+    *,
+    batch: st.SearchStrategy[int] | None = None,
+    k: st.SearchStrategy[int] | None = None,
+    vocab: st.SearchStrategy[int] | None = None,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+) -> ChainCase:
+    return ChainCase(
+        batch=draw(batch if batch is not None else batch_sizes()),
+        k=draw(k if k is not None else draft_lengths()),
+        vocab=draw(vocab if vocab is not None else vocab_sizes()),
+        kinds=tuple(draw(st.lists(kind_pairs(), min_size=1, max_size=4))),
+        seed=draw(seeds()),
+        dtype=draw(st.sampled_from(dtypes)),
+    )
+
+
+def max_length(vocab: int, max_cells: int) -> int:
+    """Longest L with vocab ** L <= max_cells (at least 2)."""
+    length = 1
+    while vocab ** (length + 1) <= max_cells:
+        length += 1
+    return max(length, 2)
+
+
+@st.composite
+def markov_cases(
+    draw: st.DrawFn, *, max_vocab: int = 5, max_k: int = 8, max_cells: int = 4096, dtypes: tuple[str, ...] = ("float32",)
+) -> MarkovCase:
+    """A Markov pair over a small vocabulary and a length L > K whose V**L joint fits max_cells."""
+    vocab = draw(st.integers(2, max_vocab))
+    length = max_length(vocab, max_cells)
+    k = draw(st.integers(1, min(max_k, length - 1)))
+    target_kind, draft_kind = draw(kind_pairs())
+    return MarkovCase(vocab, k, length, target_kind, draft_kind, draw(seeds()), draw(st.sampled_from(dtypes)))
+
+
+def build_chain(case: ChainCase) -> tuple[np.ndarray, np.ndarray]:
+    """Target [B, K+1, V] and draft [B, K, V] probabilities (float64) for a case."""
+    rng = np.random.default_rng(case.seed)
+    return pair_batch(rng, case.batch, case.k, case.vocab, list(case.kinds))

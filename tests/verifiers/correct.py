@@ -1,0 +1,65 @@
+"""Known-correct chain verifiers other than the reference: each must pass the whole suite.
+
+Usable directly: ``pytest --spec-model tests/verifiers/correct.py:exponential_race``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectest.protocol import PAD
+from spectest.reference import verify as reference_verify
+from spectest.sampling import sample_categorical
+
+
+def _assemble(draft_token_ids: torch.Tensor, n_accepted: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    batch, k = draft_token_ids.shape
+    slots = torch.arange(k + 1, device=draft_token_ids.device)
+    emitted = torch.full((batch, k + 1), PAD, dtype=torch.int64, device=draft_token_ids.device)
+    emitted[:, :k] = torch.where(slots[:k] < n_accepted.unsqueeze(1), draft_token_ids, PAD)
+    emitted[torch.arange(batch, device=emitted.device), n_accepted] = extra
+    return emitted
+
+
+def exponential_race(draft_token_ids, draft_probs, target_probs, *, generator):
+    """Standard acceptance; the correction is argmax(residual / Exp(1)) instead of inverse CDF."""
+    batch, k = draft_token_ids.shape
+    ids = draft_token_ids.unsqueeze(-1)
+    p_d = target_probs[:, :k].gather(-1, ids).squeeze(-1)
+    q_d = draft_probs.gather(-1, ids).squeeze(-1)
+    u = torch.rand((batch, k), generator=generator, device=p_d.device, dtype=torch.float64)
+    n_acc = (u < (p_d / q_d).double()).long().cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(batch, device=p_d.device)
+    p_next = target_probs[rows, n_acc].double()
+    q_next = draft_probs[rows, n_acc.clamp(max=k - 1)].double()
+    residual = torch.where((n_acc == k).unsqueeze(1), p_next, (p_next - q_next).clamp_min(0))
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)  # rounding emptied it
+    noise = torch.empty_like(residual).exponential_(1.0, generator=generator)
+    return _assemble(draft_token_ids, n_acc, (residual / noise).argmax(dim=-1))
+
+
+def ignores_draft_probs(draft_token_ids, draft_probs, target_probs, *, generator):
+    """Lossless but wasteful: accept d with probability p(d); on rejection sample p without d."""
+    batch, k = draft_token_ids.shape
+    ids = draft_token_ids.unsqueeze(-1)
+    p_d = target_probs[:, :k].gather(-1, ids).squeeze(-1)
+    u = torch.rand((batch, k), generator=generator, device=p_d.device, dtype=p_d.dtype)
+    n_acc = (u < p_d).long().cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(batch, device=p_d.device)
+    weights = target_probs[rows, n_acc].clone()
+    rejected = n_acc < k
+    rejected_ids = draft_token_ids[rows, n_acc.clamp(max=k - 1)]
+    weights[rows[rejected], rejected_ids[rejected]] = 0.0
+    return _assemble(draft_token_ids, n_acc, sample_categorical(weights, generator))
+
+
+class VerifierObject:
+    """An object with a verify method (the other accepted shape of a model)."""
+
+    spectest_capabilities = frozenset({"standard-rejection"})
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
+        return reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+
+as_object = VerifierObject()
