@@ -33,15 +33,24 @@ def test_sequences_follow_the_target(spec) -> None:
         target, draft = markov_pair(np.random.default_rng(case.seed), case.vocab, case.target_kind, case.draft_kind)
         draft_gen, verify_gen = spec.generators(case.seed)
         run = generate(
-            spec.model, target, draft, n_sequences=spec.samples(SEQUENCES), length=case.length, k=case.k,
-            draft_generator=draft_gen, verify_generator=verify_gen, device=spec.device,
-            dtype=getattr(torch, case.dtype), timeout=spec.session.timeout,
+            spec.model,
+            target,
+            draft,
+            n_sequences=spec.samples(SEQUENCES),
+            length=case.length,
+            k=case.k,
+            draft_generator=draft_gen,
+            verify_generator=verify_gen,
+            device=spec.device,
+            dtype=getattr(torch, case.dtype),
+            timeout=spec.session.timeout,
         )
         probs = target.sequence_probs(case.length)
         counts = torch.bincount(sequence_index(run.tokens, case.vocab), minlength=probs.size).cpu().numpy()
         impossible = impossible_cells(counts, probs)
         spec.require(
-            impossible.size == 0, "never emits a token the target gives probability zero",
+            impossible.size == 0,
+            "never emits a token the target gives probability zero",
             f"{int(counts[impossible].sum())} of {counts.sum()} sequences have target probability 0, "
             f"e.g. {list(map(int, np.unravel_index(impossible[0], [case.vocab] * case.length))) if impossible.size else ''} "
             f"({case})",
@@ -49,8 +58,9 @@ def test_sequences_follow_the_target(spec) -> None:
         context = f"{case.length}-token sequences through {run.passes} verify calls, {case}"
         shape = [case.vocab] * case.length
         joint = Group(counts, probs, cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}")
-        spec.check_fit(chisquare_groups("joint sequence distribution", [joint], alpha=spec.alpha),
-                       context=context, started=started)
+        spec.check_fit(
+            chisquare_groups("joint sequence distribution", [joint], alpha=spec.alpha), context=context, started=started
+        )
 
     spec.given(
         sst.markov_cases(),
@@ -93,18 +103,38 @@ def test_every_row_and_position_is_exact(spec) -> None:
         impossible = np.argwhere((target_np <= 0) & (counts_np > 0))
         if impossible.size:
             r, i, t = impossible[0]
-            spec.require(False, "never emits a token the target gives probability zero",
-                         f"row {r} position {i} emitted token {t} {counts_np[r, i, t]} times ({case})")
+            spec.require(
+                False,
+                "never emits a token the target gives probability zero",
+                f"row {r} position {i} emitted token {t} {counts_np[r, i, t]} times ({case})",
+            )
         groups = [
-            Group(counts_np[r, i], target_np[r, i], f"row {r} pos {i} ", ratio_order(target_np[r, i], draft_np[r, i] if i < k else None))
-            for r in range(b) for i in range(k + 1)
+            Group(
+                counts_np[r, i],
+                target_np[r, i],
+                f"row {r} pos {i} ",
+                ratio_order(target_np[r, i], draft_np[r, i] if i < k else None),
+            )
+            for r in range(b)
+            for i in range(k + 1)
         ]
         context = f"{repeats} draws of each of {b} rows, every row and position different, {case}"
-        spec.check_fit(chisquare_groups("per-row, per-position distribution", groups, alpha=spec.alpha),
-                       context=context, started=started)
+        spec.check_fit(
+            chisquare_groups("per-row, per-position distribution", groups, alpha=spec.alpha),
+            context=context,
+            started=started,
+        )
 
     spec.given(
         sst.chain_cases(batch=st.integers(65, 96), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=1536)),
         body,
-        explicit=[sst.ChainCase(batch=80, k=6, vocab=1100, kinds=(("dirichlet", "far"), ("sparse", "zero_heavy"), ("peaky", "close")), seed=3)],
+        explicit=[
+            sst.ChainCase(
+                batch=80,
+                k=6,
+                vocab=1100,
+                kinds=(("dirichlet", "far"), ("sparse", "zero_heavy"), ("peaky", "close")),
+                seed=3,
+            )
+        ],
     )

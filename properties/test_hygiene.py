@@ -33,7 +33,8 @@ def test_same_generator_state_gives_same_output(spec) -> None:
         second = spec.verify(drafts, draft, target, make_generator(case.seed, spec.device))
         differ = (first != second).any(dim=1).nonzero()
         spec.require(
-            differ.numel() == 0, "every random draw uses the generator passed in",
+            differ.numel() == 0,
+            "every random draw uses the generator passed in",
             f"two calls with identically seeded generators differ, e.g. row {int(differ[0]) if differ.numel() else -1}:"
             f" {first[int(differ[0])].tolist() if differ.numel() else ''} vs "
             f"{second[int(differ[0])].tolist() if differ.numel() else ''} ({case})",
@@ -48,10 +49,11 @@ def test_inputs_are_not_modified(spec) -> None:
         inputs = case_tensors(spec, case)
         before = [t.clone() for t in inputs]
         spec.verify(*inputs, make_generator(case.seed, spec.device))
-        for name, old, new in zip(("draft_token_ids", "draft_probs", "target_probs"), before, inputs):
+        for name, old, new in zip(("draft_token_ids", "draft_probs", "target_probs"), before, inputs, strict=True):
             changed = (old != new).nonzero()
             spec.require(
-                changed.numel() == 0, "inputs are not modified",
+                changed.numel() == 0,
+                "inputs are not modified",
                 f"{name} changed at index {changed[0].tolist() if changed.numel() else ''} ({case})",
             )
 

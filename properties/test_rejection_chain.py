@@ -82,7 +82,8 @@ def test_rejection_discards_every_later_position(spec) -> None:
             if wrong.numel():
                 r = int(wrong[0])
                 spec.require(
-                    False, "a rejection at position k emits exactly k + 1 tokens",
+                    False,
+                    "a rejection at position k emits exactly k + 1 tokens",
                     f"row {r}: drafts {drafts_np[r].tolist()}, p = q before position {reject_at[r]} and "
                     f"p(draft) = 0 there, so exactly {reject_at[r] + 1} tokens must come out; got "
                     f"{emitted[r].tolist()} ({case})",
@@ -94,7 +95,8 @@ def test_rejection_discards_every_later_position(spec) -> None:
             if bad.numel():
                 r = int(bad[0])
                 spec.require(
-                    False, "the correction at a rejection comes from norm(max(0, p - q))",
+                    False,
+                    "the correction at a rejection comes from norm(max(0, p - q))",
                     f"row {r}: rejected draft {drafts_np[r, reject_at[r]]} at position {reject_at[r]} was "
                     f"replaced by token {int(correction[r])} of target probability {float(p_correction[r]):.3g} "
                     f"({case})",
@@ -127,7 +129,8 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
             if short.numel():
                 r = int(short[0])
                 spec.require(
-                    False, "drafts with p = q are always accepted",
+                    False,
+                    "drafts with p = q are always accepted",
                     f"row {r % b}: p = q at all {k} positions, drafts {drafts[r].tolist()}, got {emitted[r].tolist()} "
                     f"({case})",
                 )
@@ -137,11 +140,17 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
         zero = np.argwhere((target_np[:, k] <= 0) & (counts_np > 0))
         if zero.size:
             r, t = zero[0]
-            spec.require(False, "never emits a token the target gives probability zero",
-                         f"row {r}: bonus token {t} has target probability 0 at position K={k} ({case})")
+            spec.require(
+                False,
+                "never emits a token the target gives probability zero",
+                f"row {r}: bonus token {t} has target probability 0 at position K={k} ({case})",
+            )
         groups = [Group(counts_np[r], target_np[r, k], f"row {r} ") for r in range(b)]
-        spec.check_fit(chisquare_groups("bonus-token distribution", groups, alpha=spec.alpha),
-                       context=f"bonus of {repeats} all-accepted passes per row, {case}", started=started)
+        spec.check_fit(
+            chisquare_groups("bonus-token distribution", groups, alpha=spec.alpha),
+            context=f"bonus of {repeats} all-accepted passes per row, {case}",
+            started=started,
+        )
 
     spec.given(
         sst.chain_cases(batch=st.integers(65, 128), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=1100)),

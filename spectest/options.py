@@ -58,13 +58,23 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         "'path/to/file.py:attr'; repeat for several (one parametrized run each)",
         {"action": "append", "default": None, "metavar": "X"},
     ),
-    ("--spec-device", "spec_device", "device for the checks: cpu, cuda or cuda:N (default cpu)", {"default": None}),
-    ("--spec-seed", "spec_seed", "seed of the whole run; a printed seed replays a failure", {"default": None}),
+    (
+        "--spec-device",
+        "spec_device",
+        "device for the checks: cpu, cuda or cuda:N (default cpu)",
+        {"default": None, "metavar": "DEVICE"},
+    ),
+    (
+        "--spec-seed",
+        "spec_seed",
+        "seed of the whole run; a printed seed replays a failure",
+        {"default": None, "metavar": "SEED"},
+    ),
     (
         "--spec-alpha",
         "spec_alpha",
         f"probability that the whole run fails a correct implementation (default {DEFAULT_ALPHA})",
-        {"default": None},
+        {"default": None, "metavar": "ALPHA"},
     ),
     (
         "--spec-budget",
@@ -76,7 +86,7 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         "--spec-timeout",
         "spec_timeout",
         f"seconds one verify call may take before it counts as a hang (default {DEFAULT_TIMEOUT_S:g}; 0: off)",
-        {"default": None},
+        {"default": None, "metavar": "SECONDS"},
     ),
 ]
 

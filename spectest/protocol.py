@@ -122,9 +122,7 @@ def call_verify(
     return emitted
 
 
-def check_emitted(
-    model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab_size: int, inputs: str
-) -> None:
+def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab_size: int, inputs: str) -> None:
     """Exact structural rules: type, shape, dtype, device, id range, and the chain shape.
 
     Each row must be: the first n-1 draft tokens, then one token, then -1 in every later slot.

@@ -55,7 +55,7 @@ def resolve_model(spec: str) -> Model:
             obj = getattr(obj, part)
         except AttributeError:
             raise ModelSpecError(f"--spec-model {spec!r}: {location!r} has no attribute {attr_path!r}") from None
-    verify = _verify_callable(spec, obj)
+    verify = verify_callable(spec, obj)
     capabilities = frozenset(
         getattr(obj, "spectest_capabilities", None) or getattr(module, "spectest_capabilities", None) or ()
     )
@@ -93,10 +93,13 @@ def _load_module(spec: str, location: str) -> Any:
     except ModelSpecError:
         raise
     except Exception as exc:
-        raise ModelSpecError(f"--spec-model {spec!r}: importing {location!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise ModelSpecError(
+            f"--spec-model {spec!r}: importing {location!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
-def _verify_callable(spec: str, obj: Any) -> Any:
+def verify_callable(spec: str, obj: Any) -> Any:
+    """The verify callable inside ``obj``, checked against the protocol's signature."""
     verify = obj if inspect.isfunction(obj) or inspect.isbuiltin(obj) else getattr(obj, "verify", obj)
     if not callable(verify):
         raise ModelSpecError(

@@ -52,7 +52,9 @@ class PropertyRun:
         """A sample size scaled by the run's budget."""
         return max(1, round(default * self.session.budget.samples))
 
-    def given(self, strategy: st.SearchStrategy[Any], body: Callable[[Any], None], *, explicit: Sequence[Any] = ()) -> None:
+    def given(
+        self, strategy: st.SearchStrategy[Any], body: Callable[[Any], None], *, explicit: Sequence[Any] = ()
+    ) -> None:
         """Run ``body`` on cases drawn from ``strategy`` (explicit cases first), with this run's
         example count, seed and shrinking policy. Statistical failures and contract violations
         propagate with their messages."""

@@ -176,5 +176,6 @@ def min_detectable_tv(n: int, df: int, alpha: float, power: float = DEFAULT_POWE
     upper = max(1.0, critical)
     while shortfall(upper) < 0:
         upper *= 2
-    noncentrality = optimize.brentq(shortfall, 1e-9, upper, xtol=1e-6)
+    # Round up so the stated power is met, not missed by the root-finder's tolerance.
+    noncentrality = optimize.brentq(shortfall, 1e-9, upper, xtol=1e-9) * (1 + 1e-6)
     return min(1.0, float(np.sqrt(noncentrality / (4 * n))))

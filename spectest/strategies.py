@@ -27,7 +27,10 @@ def vocab_sizes(*, min_size: int = 2, max_size: int = 131072) -> st.SearchStrate
     """Vocabulary sizes: mostly small, plus tile edges and non-multiples of 128 up to max_size."""
     _validate_range("vocab_sizes", min_size, max_size, 2)
     edges = [v for v in TILE_EDGES if min_size <= v <= max_size]
-    parts = [st.integers(min_size, min(max_size, 64)) if min_size <= 64 else st.nothing(), st.integers(min_size, max_size)]
+    parts = [
+        st.integers(min_size, min(max_size, 64)) if min_size <= 64 else st.nothing(),
+        st.integers(min_size, max_size),
+    ]
     if edges:
         parts.append(st.sampled_from(edges))
     return st.one_of(parts)
@@ -110,7 +113,12 @@ def max_length(vocab: int, max_cells: int) -> int:
 
 @st.composite
 def markov_cases(
-    draw: st.DrawFn, *, max_vocab: int = 5, max_k: int = 8, max_cells: int = 4096, dtypes: tuple[str, ...] = ("float32",)
+    draw: st.DrawFn,
+    *,
+    max_vocab: int = 5,
+    max_k: int = 8,
+    max_cells: int = 4096,
+    dtypes: tuple[str, ...] = ("float32",),
 ) -> MarkovCase:
     """A Markov pair over a small vocabulary and a length L > K whose V**L joint fits max_cells."""
     vocab = draw(st.integers(2, max_vocab))

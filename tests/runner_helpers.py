@@ -27,7 +27,10 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
     xml = workdir / "results.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args, f"--junitxml={xml}", "-p", "no:cacheprovider"],
-        cwd=workdir, capture_output=True, text=True, timeout=timeout,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     results: dict[tuple[str, str], Outcome] = {}
     if xml.exists():
@@ -37,6 +40,9 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
             for tag in ("failure", "error", "skipped"):
                 node = case.find(tag)
                 if node is not None:
-                    outcome, text = tag if tag != "failure" else "failed", (node.get("message") or "") + (node.text or "")
+                    outcome, text = (
+                        tag if tag != "failure" else "failed",
+                        (node.get("message") or "") + (node.text or ""),
+                    )
             results[(model.rstrip("]"), name)] = Outcome(outcome, text)
     return Run(proc.returncode, proc.stdout + proc.stderr, results)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
-from dataclasses import astuple
 
 from tests.runner_helpers import Run, run_pytest
 
@@ -25,7 +25,9 @@ BUGS = _load_buggy().BUGS
 
 
 def model_arg(name: str) -> str:
-    return name if name == "reference" else str(VERIFIERS / ("correct.py" if name in CORRECT else "buggy.py")) + f":{name}"
+    return (
+        name if name == "reference" else str(VERIFIERS / ("correct.py" if name in CORRECT else "buggy.py")) + f":{name}"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,12 @@ def residual_softmax(draft_token_ids, draft_probs, target_probs, *, generator):
 def residual_and_bonus_from_position_0(draft_token_ids, draft_probs, target_probs, *, generator):
     """Builds the residual and the bonus from position 0 whatever the rejection position."""
     return _chain(
-        draft_token_ids, draft_probs, target_probs, generator,
-        residual_position=lambda n_acc, k: torch.zeros_like(n_acc), bonus_position=lambda k: 0,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        generator,
+        residual_position=lambda n_acc, k: torch.zeros_like(n_acc),
+        bonus_position=lambda k: 0,
     )[0]
 
 
@@ -150,9 +154,9 @@ def acceptance_uniform_reused_for_correction(draft_token_ids, draft_probs, targe
 
 def rows_shifted_by_one(draft_token_ids, draft_probs, target_probs, *, generator):
     """Takes the residual and bonus rows from the next request in the batch."""
-    return _chain(
-        draft_token_ids, draft_probs, target_probs, generator, row_of=lambda rows: (rows + 1) % rows.numel()
-    )[0]
+    return _chain(draft_token_ids, draft_probs, target_probs, generator, row_of=lambda rows: (rows + 1) % rows.numel())[
+        0
+    ]
 
 
 def typical_acceptance(draft_token_ids, draft_probs, target_probs, *, generator):
@@ -162,8 +166,12 @@ def typical_acceptance(draft_token_ids, draft_probs, target_probs, *, generator)
     entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
     threshold = torch.minimum(torch.full_like(entropy, 0.3), 0.09 * torch.exp(-entropy))
     return _chain(
-        draft_token_ids, draft_probs, target_probs, generator,
-        accept=lambda p_d, q_d, u: p_d > threshold, residual=lambda p_next, q_next: p_next,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        generator,
+        accept=lambda p_d, q_d, u: p_d > threshold,
+        residual=lambda p_next, q_next: p_next,
     )[0]
 
 

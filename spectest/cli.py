@@ -1,0 +1,46 @@
+"""The ``spectest`` command: the same checks as the pytest plugin, from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from spectest import options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spectest", description="Correctness and speed harness for speculative decoding."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser(
+        "check", help="run the property suite against an implementation (same as pytest --spec-model X)"
+    )
+    check.add_argument("models", nargs="+", metavar="MODEL", help="registered name, module:attr or file.py:attr")
+    options.add_argparse_options(check)
+    check.add_argument("--pytest-args", default="", help="extra pytest arguments, as one quoted string")
+    commands.add_parser("models", help="list the registered implementation names")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "models":
+        from spectest.resolve import registered_models
+
+        for name, target in sorted(registered_models().items()):
+            print(f"{name}\t{target}")
+        return 0
+    import shlex
+
+    import pytest
+
+    pytest_args = [a for model in args.models for a in ("--spec-model", model)]
+    pytest_args += options.to_pytest_args(args) + shlex.split(args.pytest_args)
+    return int(pytest.main(pytest_args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

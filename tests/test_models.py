@@ -1,0 +1,79 @@
+"""Toy models and the harness loop: exact probabilities, draft kinds, sequence bookkeeping."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spectest import strategies as sst
+from spectest.loop import generate, sequence_index
+from spectest.models import DRAFT_KINDS, TARGET_KINDS, distribution_pair, markov_pair
+from spectest.protocol import Model
+from spectest.reference import verify
+from spectest.sampling import make_generator
+
+
+@settings(max_examples=50)
+@given(st.integers(2, 300), st.sampled_from(TARGET_KINDS), st.sampled_from(DRAFT_KINDS), sst.seeds())
+def test_every_pair_kind_is_a_pair_of_distributions(vocab, target_kind, draft_kind, seed):
+    p, q = distribution_pair(np.random.default_rng(seed), vocab, target_kind, draft_kind)
+    for dist in (p, q):
+        assert dist.shape == (vocab,) and (dist >= 0).all() and abs(dist.sum() - 1) < 1e-12
+    if draft_kind == "disjoint":
+        assert ((p > 0) & (q > 0)).sum() == 0
+    if draft_kind == "zero_heavy":
+        assert q[p == 0].sum() >= 0.8 - 1e-9
+    if draft_kind == "equal":
+        assert (p == q).all()
+    if "one_hot" in (target_kind, draft_kind):
+        assert (p == 1).sum() == 1 or (q == 1).sum() == 1
+
+
+def test_markov_sequence_probabilities_are_exact():
+    target, _ = markov_pair(np.random.default_rng(0), 3, "sparse", "far")
+    probs = target.sequence_probs(4)
+    assert abs(probs.sum() - 1) < 1e-12
+    for seq in itertools.product(range(3), repeat=4):
+        expected = target.table[3, seq[0]] * np.prod([target.table[a, b] for a, b in itertools.pairwise(seq)])
+        index = int(sequence_index(torch.tensor([seq]), 3))
+        assert probs[index] == pytest.approx(expected, abs=1e-15)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_generate_produces_full_sequences_and_counts_passes(k):
+    target, draft = markov_pair(np.random.default_rng(1), 4, "dirichlet", "close")
+    run = generate(
+        Model("reference", verify),
+        target,
+        draft,
+        n_sequences=500,
+        length=9,
+        k=k,
+        draft_generator=make_generator(1),
+        verify_generator=make_generator(2),
+        device=torch.device("cpu"),
+    )
+    assert run.tokens.shape == (500, 9) and ((run.tokens >= 0) & (run.tokens < 4)).all()
+    assert run.passes >= -(-9 // (k + 1))
+    assert ((run.tokens_per_pass >= 1) & (run.tokens_per_pass <= k + 1)).all()
+
+
+def test_equal_draft_emits_k_plus_one_every_pass():
+    target, draft = markov_pair(np.random.default_rng(2), 3, "dirichlet", "equal")
+    run = generate(
+        Model("reference", verify),
+        target,
+        draft,
+        n_sequences=200,
+        length=8,
+        k=3,
+        draft_generator=make_generator(1),
+        verify_generator=make_generator(2),
+        device=torch.device("cpu"),
+    )
+    assert run.passes == 2 and (run.tokens_per_pass == 4).all()

@@ -1,0 +1,150 @@
+"""The plugin's user experience: options, usage errors, headers, import cost, CLI and library call."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.runner_helpers import run_pytest
+
+VERIFIERS = Path(__file__).resolve().parent / "verifiers"
+
+
+def test_plugin_import_loads_no_torch():
+    code = (
+        "import sys, spectest, spectest.plugin, spectest.options; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plugin_is_registered_through_pytest11(pytester):
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(["*--spec-model=X*", "*--spec-device=DEVICE*", "*--spec-seed=SEED*"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--spec-model", "no_such_name"], "*'no_such_name' is not a registered name (known: *reference*"),
+        (["--spec-model", "missing.py:verify"], "*no such file*missing.py*"),
+        (["--spec-model", "bad.py:verify"], "*importing 'bad.py' failed: ZeroDivisionError*"),
+        (["--spec-model", "shapes.py:no_attr"], "*has no attribute 'no_attr'*"),
+        (["--spec-model", "shapes.py:not_callable"], "*neither a verify callable nor an object with a verify method*"),
+        (
+            ["--spec-model", "shapes.py:two_args"],
+            "*cannot be called as verify(draft_token_ids, draft_probs, target_probs*",
+        ),
+        (["--spec-model", "reference", "--spec-device", "tpu"], "*expected cpu, cuda or cuda:N*"),
+        (["--spec-model", "reference", "--spec-alpha", "2"], "*--spec-alpha: must lie strictly between 0 and 1*"),
+        (["--spec-model", "reference", "--spec-seed", "x"], "*--spec-seed: invalid literal*"),
+    ],
+)
+def test_bad_model_or_option_is_a_usage_error(pytester, args, message):
+    pytester.makepyfile(bad="1 / 0", shapes="not_callable = 3\ndef two_args(a, b):\n    return a\n")
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert "Traceback" not in result.stderr.str()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_cuda_without_cuda_is_a_usage_error(pytester):
+    result = pytester.runpytest_subprocess("--spec-model", "reference", "--spec-device", "cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --spec-device 'cuda': CUDA is not available on this machine"])
+
+
+def test_header_names_models_device_and_seed_and_ini_works(pytester):
+    pytester.makeini("[pytest]\nspec_model = reference\nspec_seed = 1234\nspec_budget = quick\n")
+    result = pytester.runpytest_subprocess("--co")
+    result.stdout.fnmatch_lines(
+        ["spectest: models: reference [[]standard-rejection[]]", "spectest: device: cpu, seed: 1234*budget: quick"]
+    )
+    result.stdout.fnmatch_lines(["*test_sequences_follow_the_target?reference?*"])
+    assert "6 tests collected" in result.stdout.str()
+
+
+def test_repeated_models_get_readable_ids(pytester):
+    result = pytester.runpytest_subprocess(
+        "--co", "-q", "--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'correct.py'}:exponential_race"
+    )
+    result.stdout.fnmatch_lines(["*[[]reference[]]", "*[[]correct.py:exponential_race[]]"])
+
+
+def test_explicit_paths_are_kept(pytester):
+    """With paths given, --spec-model does not add the installed suite: users' own tests run."""
+    pytester.makepyfile(test_mine="def test_uses_model(spec_model):\n    assert spec_model.name == 'reference'\n")
+    result = pytester.runpytest_subprocess("--spec-model", "reference", "test_mine.py")
+    result.assert_outcomes(passed=1)
+
+
+def test_hang_is_reported_as_a_timeout(tmp_path):
+    (tmp_path / "slow.py").write_text("import time\ndef verify(d, q, p, *, generator):\n    time.sleep(60)\n")
+    run = run_pytest(
+        ["--spec-model", "slow.py:verify", "--spec-timeout", "0.3", "--spec-no-shrink", "-k", "inputs_are_not"],
+        tmp_path,
+    )
+    outcome = run.results[("slow.py:verify", "test_inputs_are_not_modified")]
+    assert outcome.outcome == "failed"
+    assert "broke rule 'returns in time'" in outcome.text and "did not return within 0.3 s" in outcome.text
+
+
+def test_failure_replays_exactly_with_the_printed_seed(tmp_path):
+    model = f"{VERIFIERS / 'buggy.py'}:lenient_acceptance"
+    args = ["--spec-model", model, "--spec-no-shrink", "-k", "every_row"]
+    first = run_pytest([*args, "--spec-seed", "99"], tmp_path)
+    second = run_pytest([*args, "--spec-seed", "99"], tmp_path)
+    key = ("buggy.py:lenient_acceptance", "test_every_row_and_position_is_exact")
+    assert first.results[key].outcome == "failed"
+    assert "replay: pytest --spec-model" in first.results[key].text and "--spec-seed 99" in first.results[key].text
+    stat = [line for line in first.results[key].text.splitlines() if "chi2=" in line]
+    assert stat and stat == [line for line in second.results[key].text.splitlines() if "chi2=" in line]
+
+
+def test_cli_check_and_models(tmp_path):
+    listed = subprocess.run(
+        [sys.executable, "-m", "spectest.cli", "models"], capture_output=True, text=True, check=True
+    )
+    assert listed.stdout.startswith("reference\tspectest.reference:verify")
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spectest.cli",
+            "check",
+            "reference",
+            "--spec-budget",
+            "quick",
+            "--pytest-args",
+            "-q -k hygiene",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert checked.returncode == 0, checked.stdout[-2000:]
+    assert "2 passed" in checked.stdout
+
+
+def test_check_verifier_library_call(tmp_path, monkeypatch):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(VERIFIERS)!r})
+        import buggy, correct
+        from spectest import check_verifier
+        assert check_verifier(correct.exponential_race, budget="quick", pytest_args=["-q", "-k", "hygiene or rejection"]) == 0
+        try:
+            check_verifier(buggy.accept_all, budget="quick", pytest_args=["-q", "--spec-no-shrink", "-k", "rejection"])
+        except AssertionError as exc:
+            assert "accept_all failed the property suite" in str(exc)
+        else:
+            raise SystemExit("a buggy verifier passed")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -1,0 +1,101 @@
+"""The goodness-of-fit engine: pooling rules, degenerate cases, calibration and power."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from spectest.stats import MIN_EXPECTED, Group, chisquare_groups, impossible_cells, min_detectable_tv, pool_cells
+
+
+@given(st.lists(st.floats(0, 50), min_size=1, max_size=300), st.randoms(use_true_random=False))
+def test_pooled_bins_meet_the_minimum_expected_count(expected, rnd):
+    expected = np.array(expected)
+    order = np.arange(expected.size)
+    rnd.shuffle(order)
+    bins = pool_cells(expected, order)
+    assert (bins[expected == 0] == -1).all()
+    used = bins[bins >= 0]
+    if used.size == 0:
+        return
+    sums = np.bincount(used, weights=expected[bins >= 0])
+    assert set(np.unique(used)) == set(range(sums.size)), "bin ids are contiguous"
+    if expected.sum() >= MIN_EXPECTED:
+        assert (sums >= MIN_EXPECTED - 1e-9).all(), sums
+    else:
+        assert sums.size == 1
+    # Contiguity along the order: bin ids never decrease as the walk goes on.
+    walked = bins[order][bins[order] >= 0]
+    assert (np.diff(walked) >= 0).all()
+
+
+def test_pooling_never_looks_at_observed_counts():
+    probs = np.array([0.5, 0.3, 0.15, 0.04, 0.01])
+    a = chisquare_groups("x", [Group(np.array([500, 300, 150, 40, 10]), probs)], alpha=0.01)
+    b = chisquare_groups("x", [Group(np.array([10, 40, 150, 300, 500]), probs)], alpha=0.01)
+    assert a.df == b.df
+
+
+def test_degenerate_distribution_is_a_pass_without_nan():
+    result = chisquare_groups("one token", [Group(np.array([0, 1000, 0]), np.array([0.0, 1.0, 0.0]))], alpha=1e-6)
+    assert result.passed and result.df == 0 and result.p_value == 1.0
+    assert not np.isnan(result.statistic)
+
+
+def test_impossible_cells_are_found_exactly():
+    assert impossible_cells(np.array([3, 0, 1]), np.array([0.5, 0.5, 0.0])).tolist() == [2]
+
+
+def test_gross_deviation_fails_with_a_useful_summary():
+    probs = np.full(10, 0.1)
+    counts = np.array([300] + [78] * 9)
+    result = chisquare_groups("uniform", [Group(counts, probs)], alpha=1e-6)
+    assert not result.passed
+    text = result.summary()
+    assert "token 0: expected 100.2, observed 300" in text
+
+
+def test_null_p_values_are_uniform():
+    """Under the null the summed, pooled Pearson test is calibrated (KS test over seeds)."""
+    rng = np.random.default_rng(7)
+    p_values = []
+    for _ in range(400):
+        groups = []
+        for _ in range(20):
+            probs = rng.dirichlet(np.full(30, 0.5))
+            groups.append(Group(rng.multinomial(200, probs), probs))
+        p_values.append(chisquare_groups("null", groups, alpha=0.01).p_value)
+    assert stats.kstest(p_values, "uniform").pvalue > 1e-4
+
+
+@pytest.mark.parametrize("n,df", [(1000, 5), (20000, 500), (60000, 2000)])
+def test_min_detectable_tv_is_detected_with_the_promised_power(n, df):
+    """Plant the worst-case deviation at the reported TV: the test rejects with power >= 0.99."""
+    alpha = 1e-4
+    tv = min_detectable_tv(n, df, alpha)
+    cells = df + 1
+    base = np.full(cells, 1.0 / cells)
+    shift = np.where(np.arange(cells) < cells // 2, 1.0, -1.0)
+    shift -= shift.mean()
+    alternative = base + shift / np.abs(shift).sum() * 2 * tv
+    assert abs(0.5 * np.abs(alternative - base).sum() - tv) < 1e-9
+    noncentrality = n * ((alternative - base) ** 2 / base).sum()
+    power = stats.ncx2.sf(stats.chi2.isf(alpha, df), df, noncentrality)
+    assert power >= 0.99
+    # And by simulation, at a modest size where it is cheap.
+    if n <= 20000:
+        rng = np.random.default_rng(1)
+        rejections = sum(
+            not chisquare_groups("power", [Group(rng.multinomial(n, alternative), base)], alpha=alpha).passed
+            for _ in range(200)
+        )
+        assert rejections >= 190  # binomial(200, 0.99) falls below 190 with probability < 1e-4
+
+
+@settings(max_examples=30)
+@given(st.integers(10, 10**6), st.integers(1, 5000))
+def test_min_detectable_tv_shrinks_with_more_samples(n, df):
+    assert min_detectable_tv(4 * n, df, 1e-5) <= min_detectable_tv(n, df, 1e-5) + 1e-12
