@@ -20,13 +20,12 @@ import torch
 from hypothesis import strategies as st
 
 from spectest import strategies as sst
-from spectest.cases import chunked_repeats, draw_drafts, repeat_rows, to_tensor
+from spectest.cases import RepeatedBatch, to_tensor
 from spectest.models import target_distribution
-from spectest.stats import Group, chisquare_groups
 
 REPEATS = 4  # independent verify calls per forced-rejection case (exact checks: cheap)
-BONUS_SAMPLES = 20_000
-MAX_ELEMENTS = 5_000_000
+MAX_CASE_ELEMENTS = 400_000_000  # probabilities handed to the verifier per case, over all calls
+MAX_CALL_ELEMENTS = 8_000_000  # per verify call
 
 
 def certain_acceptance(draft: np.ndarray, drafts: np.ndarray, standard: bool) -> np.ndarray:
@@ -114,43 +113,35 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
         started = time.perf_counter()
         target_np, draft_np = sst.build_chain(case)
         b, k, v = case.batch, case.k, case.vocab
-        repeats = -(-spec.samples(BONUS_SAMPLES) // b)
+        per_rep = b * (2 * k + 1) * v
+        check = spec.distribution(
+            "bonus-token distribution", target_np[:, k], case_seed=case.seed, min_draws=20,
+            max_draws=max(20, MAX_CASE_ELEMENTS // per_rep), labels=[f"row {r}: " for r in range(b)],
+        )  # fmt: skip
         draft_gen, verify_gen = spec.generators(case.seed)
-        counts = torch.zeros(b * v, dtype=torch.int64, device=spec.device)
-        for reps in chunked_repeats(repeats, b, (2 * k + 1) * v, MAX_ELEMENTS):
-            draft_probs = repeat_rows(to_tensor(draft_np, device=spec.device, dtype=case.dtype), reps)
-            drafts = draw_drafts(draft_probs, draft_gen)
+        batch = RepeatedBatch(
+            to_tensor(target_np, device=spec.device, dtype=case.dtype),
+            to_tensor(draft_np, device=spec.device, dtype=case.dtype),
+        )
+        while not check.done:
+            reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // per_rep))
+            drafts, draft_probs, target_probs = batch.draw(reps, draft_gen)
             if not spec.standard:
                 draft_probs = torch.zeros_like(draft_probs).scatter_(-1, drafts.unsqueeze(-1), 1.0)
-            target_probs = repeat_rows(to_tensor(target_np, device=spec.device, dtype=case.dtype), reps)
             target_probs[:, :k] = draft_probs  # p = q at every draft position: all K accepted
             emitted = spec.verify(drafts, draft_probs, target_probs, verify_gen)
             short = (emitted[:, :k] != drafts).any(dim=1).nonzero()
             if short.numel():
                 r = int(short[0])
                 spec.require(
-                    False,
-                    "drafts with p = q are always accepted",
+                    False, "drafts with p = q are always accepted",
                     f"row {r % b}: p = q at all {k} positions, drafts {drafts[r].tolist()}, got {emitted[r].tolist()} "
                     f"({case})",
-                )
+                )  # fmt: skip
             rows = torch.arange(b, device=spec.device).repeat(reps)
-            counts += torch.bincount(rows * v + emitted[:, k], minlength=b * v)
-        counts_np = counts.view(b, v).cpu().numpy()
-        zero = np.argwhere((target_np[:, k] <= 0) & (counts_np > 0))
-        if zero.size:
-            r, t = zero[0]
-            spec.require(
-                False,
-                "never emits a token the target gives probability zero",
-                f"row {r}: bonus token {t} has target probability 0 at position K={k} ({case})",
-            )
-        groups = [Group(counts_np[r], target_np[r, k], f"row {r} ") for r in range(b)]
-        spec.check_fit(
-            chisquare_groups("bonus-token distribution", groups, alpha=spec.alpha),
-            context=f"bonus of {repeats} all-accepted passes per row, {case}",
-            started=started,
-        )
+            check.add(torch.bincount(rows * v + emitted[:, k], minlength=b * v).view(b, v).cpu().numpy(), reps)
+            spec.require_possible(check, lambda g, c: f"row {g} bonus token {c} (position K={k})", str(case))
+        spec.conclude(check, context=f"bonus of {check.draws} all-accepted passes per row, {case}", started=started)
 
     spec.given(
         sst.chain_cases(batch=st.integers(65, 128), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=1100)),

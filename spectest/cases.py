@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spectest.sampling import sample_categorical
+from spectest.sampling import RepeatedCategorical, sample_categorical
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -13,6 +13,23 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 def to_tensor(array: np.ndarray, *, device: torch.device, dtype: str | torch.dtype) -> torch.Tensor:
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     return torch.as_tensor(array, device=device).to(dtype)
+
+
+class RepeatedBatch:
+    """One case's inputs, handed to the verifier ``reps`` copies at a time with fresh drafts.
+
+    Copy r of row b sits at row r * B + b. The draft CDF is built once per case.
+    """
+
+    def __init__(self, target: torch.Tensor, draft: torch.Tensor) -> None:
+        self.target = target
+        self.draft = draft
+        self.drafter = RepeatedCategorical(draft)
+
+    def draw(self, reps: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(draft_token_ids, draft_probs, target_probs) for ``reps`` fresh copies of the batch."""
+        drafts = self.drafter.sample(reps, generator).reshape(-1, self.draft.shape[1])
+        return drafts, repeat_rows(self.draft, reps), repeat_rows(self.target, reps)
 
 
 def draw_drafts(draft_probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -23,9 +40,3 @@ def draw_drafts(draft_probs: torch.Tensor, generator: torch.Generator) -> torch.
 def repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
     """``times`` copies of the batch stacked along dim 0 (copy r of row b sits at r * B + b)."""
     return tensor.repeat(times, *([1] * (tensor.dim() - 1)))
-
-
-def chunked_repeats(total: int, rows: int, row_elements: int, max_elements: int) -> list[int]:
-    """Split ``total`` repetitions of a ``rows``-row batch into calls of bounded size."""
-    per_call = max(1, max_elements // max(1, rows * row_elements))
-    return [min(per_call, total - start) for start in range(0, total, per_call)]

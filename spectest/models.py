@@ -36,8 +36,9 @@ def target_distribution(rng: np.random.Generator, vocab: int, kind: str) -> np.n
         p = rng.dirichlet(np.full(vocab, 0.5)) * 0.1
         p[rng.integers(vocab)] += 0.9
         return _normalise(p)
-    if kind == "sparse":
-        support = _random_support(rng, vocab, max(1, int(rng.integers(1, max(2, vocab // 2 + 1)))))
+    if kind == "sparse":  # zeros, but two or more possible tokens whenever V >= 3
+        size = int(rng.integers(min(2, vocab - 1), max(3, vocab // 2 + 1))) if vocab >= 3 else 1
+        support = _random_support(rng, vocab, size)
         return _normalise(np.where(support, rng.dirichlet(np.ones(vocab)) + 1e-3, 0.0))
     if kind == "tiny":
         p = rng.dirichlet(np.ones(vocab))

@@ -14,17 +14,19 @@ DEFAULT_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Budget:
-    """How much work a run spends: Hypothesis examples and samples per check, as factors."""
+    """How much work a run spends: Hypothesis examples (a factor on each property's count), and
+    the smallest total variation distance every distribution check must detect (power 0.99),
+    from which sample sizes follow."""
 
     name: str
     examples: float
-    samples: float
+    tolerance: float
 
 
 BUDGETS = {
-    "quick": Budget("quick", examples=0.34, samples=0.5),
-    "default": Budget("default", examples=1.0, samples=1.0),
-    "thorough": Budget("thorough", examples=4.0, samples=4.0),
+    "quick": Budget("quick", examples=0.34, tolerance=0.1),
+    "default": Budget("default", examples=1.0, tolerance=0.05),
+    "thorough": Budget("thorough", examples=3.0, tolerance=0.025),
 }
 
 
@@ -32,6 +34,13 @@ def probability(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 1.0:
         raise ValueError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
+def tolerance(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"must be a total variation distance in (0, 1], got {text}")
     return value
 
 
@@ -79,8 +88,16 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
     (
         "--spec-budget",
         "spec_budget",
-        "time/strength trade-off: quick, default or thorough",
+        "time/strength trade-off: quick, default or thorough (Hypothesis examples x0.34/x1/x3, "
+        "tolerance 0.1/0.05/0.025)",
         {"default": None, "choices": sorted(BUDGETS)},
+    ),
+    (
+        "--spec-tolerance",
+        "spec_tolerance",
+        "smallest total variation distance each distribution check must detect with power 0.99 "
+        "(default: the budget's); sample sizes follow from it",
+        {"default": None, "metavar": "TV"},
     ),
     (
         "--spec-timeout",

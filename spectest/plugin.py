@@ -34,6 +34,7 @@ class SpecSession:
     seed: int
     alpha: float
     budget: Budget
+    tolerance: float
     timeout: float
     shrink: bool
     models: list[Model] = field(default_factory=list)
@@ -52,6 +53,8 @@ class SpecSession:
             parts += ["--spec-budget", self.budget.name]
         if self.alpha != DEFAULT_ALPHA:
             parts += ["--spec-alpha", repr(self.alpha)]
+        if self.tolerance != self.budget.tolerance:
+            parts += ["--spec-tolerance", repr(self.tolerance)]
         parts += ["-k", test_name]
         return shlex.join(parts)
 
@@ -108,12 +111,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "assertions per Hypothesis example share the run's significance budget",
     )
     specs = list(_option(config, "spec_model") or [])
+    budget = BUDGETS[str(_option(config, "spec_budget") or "default")]
     session = SpecSession(
         model_specs=specs,
         device=_check_device(str(_option(config, "spec_device") or "cpu")),
         seed=_parse(config, "spec_seed", options.seed, random.SystemRandom().randrange(2**32)),
         alpha=_parse(config, "spec_alpha", options.probability, DEFAULT_ALPHA),
-        budget=BUDGETS[str(_option(config, "spec_budget") or "default")],
+        budget=budget,
+        tolerance=_parse(config, "spec_tolerance", options.tolerance, budget.tolerance),
         timeout=_parse(config, "spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
         shrink=not config.getoption("spec_no_shrink"),
     )
@@ -152,7 +157,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"spectest: models: {', '.join(described)}",
         f"spectest: device: {session.device}, seed: {session.seed} (replay with --spec-seed {session.seed}), "
-        f"alpha: {session.alpha:g}, budget: {session.budget.name}",
+        f"alpha: {session.alpha:g}, budget: {session.budget.name}, tolerance: TV {session.tolerance:g}",
     ]
 
 

@@ -13,11 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import hypothesis
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
 
+from spectest.checks import DistributionCheck
 from spectest.plugin import MARKER, RESULT_KEY, SpecSession, examples_for
 from spectest.protocol import ContractViolation, Model, call_verify
 from spectest.sampling import make_generator
@@ -48,9 +50,11 @@ class PropertyRun:
     def __repr__(self) -> str:
         return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
 
-    def samples(self, default: int) -> int:
-        """A sample size scaled by the run's budget."""
-        return max(1, round(default * self.session.budget.samples))
+    def distribution(self, name: str, probs: np.ndarray, *, case_seed: int = 0, **kwargs: Any) -> DistributionCheck:
+        """A distribution check at this run's per-check level and tolerance (see spectest.checks)."""
+        return DistributionCheck(
+            name, probs, alpha=self.alpha, tolerance=self.session.tolerance, seed=case_seed, **kwargs
+        )
 
     def given(
         self, strategy: st.SearchStrategy[Any], body: Callable[[Any], None], *, explicit: Sequence[Any] = ()
@@ -105,6 +109,23 @@ class PropertyRun:
         if not ok:
             raise ContractViolation(self.model.name, rule, f"{detail}\nreplay: {self.replay}")
 
+    def require_possible(self, check: DistributionCheck, describe: Callable[[int, int], str], context: str) -> None:
+        """Exact check: no cell of target probability zero was ever emitted."""
+        __tracebackhide__ = True
+        hit = check.impossible()
+        if hit is not None:
+            group, cell, count = hit
+            self.require(
+                False,
+                "never emits a token the target gives probability zero",
+                f"{describe(group, cell)} has target probability 0 but was emitted {count} times ({context})",
+            )
+
+    def conclude(self, check: DistributionCheck, *, context: str, started: float | None = None) -> None:
+        """The verdict of a finished distribution check (records it; fails on rejection)."""
+        __tracebackhide__ = True
+        self.check_fit(check.result(), context=context, started=started)
+
     def check_fit(self, result: FitResult, *, context: str, started: float | None = None) -> None:
         """Record a distribution check and fail if it rejects exactness."""
         __tracebackhide__ = True
@@ -120,6 +141,6 @@ class PropertyRun:
             raise StatisticalFailure(
                 f"[{self.model.name}] output is not distributed as the target ({context}).\n"
                 f"{result.summary()}\n"
-                f"A correct implementation fails this check with probability {result.alpha:.2g}.\n"
+                f"A correct implementation fails this check with probability {self.alpha:.2g}.\n"
                 f"replay: {self.replay}"
             )

@@ -28,3 +28,23 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> tor
     last_positive = flat.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
     idx = torch.minimum(idx, last_positive)
     return idx.reshape(weights.shape[:-1])
+
+
+class RepeatedCategorical:
+    """Many draws from the same rows of probabilities: the CDF is built once, each draw costs a
+    binary search (the harness's repeated-batch checks draw drafts this way)."""
+
+    def __init__(self, probs: torch.Tensor) -> None:
+        self.shape = probs.shape[:-1]
+        flat = probs.reshape(-1, probs.shape[-1])
+        self.cdf = flat.to(torch.float64).cumsum(dim=-1)
+        positive = flat > 0
+        self.last_positive = flat.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
+
+    def sample(self, repeats: int, generator: torch.Generator) -> torch.Tensor:
+        """[repeats, *shape] draws; repeat r of row i is independent of every other draw."""
+        rows = self.cdf.shape[0]
+        u = torch.rand((rows, repeats), generator=generator, device=self.cdf.device, dtype=torch.float64)
+        idx = torch.searchsorted(self.cdf, u * self.cdf[:, -1:], right=True)
+        idx = torch.minimum(idx, self.last_positive)
+        return idx.T.reshape(repeats, *self.shape)

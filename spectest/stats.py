@@ -1,18 +1,23 @@
-"""Goodness-of-fit verdicts against exactly known probabilities.
+"""Fixed-sample goodness-of-fit verdicts against exactly known probabilities.
 
 Cells are pooled by their *expected* counts only (never the observed ones), in an order fixed
-before sampling, so the pooled Pearson statistic is a valid chi-square test. Tests of many
-independent groups (one per row and position) add their statistics and degrees of freedom.
+before sampling, so the pooled statistics are valid chi-square tests. Independent groups (one
+per row and position) add their statistics and degrees of freedom: one call of
+``scipy.stats.power_divergence`` over the concatenated bins with ``ddof = groups - 1`` gives
+exactly that, for Pearson's statistic (the verdict) and the G statistic (reported beside it).
+A check too sparse for any pooled degree of freedom falls back to a Monte Carlo test
+(``scipy.stats.monte_carlo_test``).
 
 Power: for pooled cell probabilities p0 and an alternative p1 at total variation distance
 delta, Cauchy-Schwarz gives sum (p1 - p0)^2 / p0 >= (sum |p1 - p0|)^2 = 4 delta^2, so the
 noncentrality is at least 4 n delta^2. :func:`min_detectable_tv` inverts the noncentral
 chi-square power at that worst case: any deviation of at least that TV between pooled cells
-is detected with the stated power.
+(in every group) is detected with the stated power.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,50 +26,8 @@ from scipy import optimize, stats
 
 DEFAULT_POWER = 0.99
 MIN_EXPECTED = 10.0  # per pooled cell: keeps Pearson's tail close to chi-square at small alpha
-
-
-@dataclass
-class FitResult:
-    """One distribution check: the numbers a failure message and a report need."""
-
-    check: str
-    statistic: float
-    df: int
-    p_value: float
-    alpha: float
-    n: int
-    observed_tv: float
-    min_detectable_tv: float
-    worst_cells: list[tuple[str, float, int]] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.p_value >= self.alpha
-
-    def summary(self) -> str:
-        lines = [
-            f"{self.check}: chi2={self.statistic:.1f} on df={self.df}, p={self.p_value:.3g} "
-            f"(alpha={self.alpha:.2g}), n={self.n}",
-            f"  observed TV distance {self.observed_tv:.4f} (binned; 0 expected up to sampling noise), "
-            f"minimum detectable TV at power {DEFAULT_POWER}: {self.min_detectable_tv:.4f}",
-        ]
-        if self.worst_cells:
-            lines.append("  worst cells (cell: expected count vs observed):")
-            lines += [f"    {label}: expected {exp:.1f}, observed {obs}" for label, exp, obs in self.worst_cells]
-        return "\n".join(lines)
-
-    def as_record(self) -> dict[str, object]:
-        return {
-            "check": self.check,
-            "statistic": self.statistic,
-            "df": self.df,
-            "p_value": self.p_value,
-            "alpha": self.alpha,
-            "n": self.n,
-            "observed_tv": self.observed_tv,
-            "min_detectable_tv": self.min_detectable_tv,
-            "passed": self.passed,
-        }
+CI_LEVEL = 0.95  # simultaneous level of the TV interval in failure messages
+MAX_MONTE_CARLO = 1_000_000
 
 
 def pool_cells(expected: np.ndarray, order: np.ndarray, min_expected: float = MIN_EXPECTED) -> np.ndarray:
@@ -93,6 +56,13 @@ def pool_cells(expected: np.ndarray, order: np.ndarray, min_expected: float = MI
     return bins
 
 
+def approx_bins(n: float, positive_cells: int, top_mass: float, min_expected: float = MIN_EXPECTED) -> int:
+    """Upper bound on the pooled bins of a group at sample size n: every bin holds at least
+    ``min_expected``, and all bins but the one holding the most likely cell (of probability
+    ``top_mass``) fill up from the other cells."""
+    return max(1, min(positive_cells, 1 + int(n * (1 - top_mass) // min_expected), int(n // min_expected)))
+
+
 @dataclass
 class Group:
     """Observed counts and exact probabilities of one group of cells (one row/position)."""
@@ -103,6 +73,18 @@ class Group:
     order: np.ndarray | None = None  # pooling order; default: ascending expected probability
     cell_name: Callable[[int], str] | None = None  # names a cell in messages; default "token i"
 
+    def pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(observed per bin, expected per bin, bin id per cell) at this group's sample size."""
+        n = float(self.counts.sum())
+        expected = self.probs * n
+        order = self.order if self.order is not None else np.argsort(self.probs, kind="stable")
+        bins = pool_cells(expected, order)
+        inside = bins >= 0
+        n_bins = int(bins.max()) + 1
+        obs = np.bincount(bins[inside], weights=self.counts[inside], minlength=n_bins)
+        exp = np.bincount(bins[inside], weights=expected[inside], minlength=n_bins)
+        return obs, exp, bins
+
     def describe_bin(self, bins: np.ndarray, bin_id: int) -> str:
         members = np.flatnonzero(bins == bin_id)
         names = [self.cell_name(int(i)) if self.cell_name else f"token {i}" for i in members[:3]]
@@ -110,16 +92,82 @@ class Group:
         return f"{self.label}{', '.join(names)}{more}"
 
 
-def _pooled(group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    n = int(group.counts.sum())
-    expected = group.probs * n
-    order = group.order if group.order is not None else np.argsort(group.probs, kind="stable")
-    bins = pool_cells(expected, order)
-    n_bins = int(bins.max()) + 1
-    inside = bins >= 0
-    obs = np.bincount(bins[inside], weights=group.counts[inside], minlength=n_bins)
-    exp = np.bincount(bins[inside], weights=expected[inside], minlength=n_bins)
-    return obs, exp, bins
+@dataclass
+class FitResult:
+    """One distribution check: the numbers a failure message and a report need."""
+
+    check: str
+    statistic: float
+    df: int
+    p_value: float
+    alpha: float
+    n: int
+    observed_tv: float
+    min_detectable_tv: float
+    method: str = "pearson"  # pearson, monte-carlo, degenerate, sequential
+    tv_interval: tuple[float, float] = (0.0, 1.0)
+    g_statistic: float = math.nan
+    g_p_value: float = math.nan
+    worst_cells: list[tuple[str, float, int]] = field(default_factory=list)
+    log_e_value: float | None = None  # sequential e-process at the end (natural log)
+    e_alpha: float | None = None  # level the e-process was monitored at
+    stopped_early: bool = False
+    planned_draws: int | None = None
+    draws: int | None = None
+    tolerance: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.stopped_early and self.p_value >= self.alpha
+
+    def summary(self) -> str:
+        if self.stopped_early:
+            head = (
+                f"{self.check}: sequential test rejected after {self.draws} of {self.planned_draws} planned draws: "
+                f"e-value {math.exp(min(self.log_e_value or 0.0, 700)):.3g} >= 1/alpha = {1 / (self.e_alpha or 1):.3g} "
+                f"(anytime-valid p <= {self.p_value:.3g})"
+            )
+        else:
+            head = (
+                f"{self.check}: {self.method} chi2={self.statistic:.1f} on df={self.df}, p={self.p_value:.3g} "
+                f"(alpha={self.alpha:.2g}), G={self.g_statistic:.1f} (p={self.g_p_value:.3g}), n={self.n}"
+            )
+        low, high = self.tv_interval
+        lines = [
+            head,
+            f"  estimated TV distance to the target {self.observed_tv:.4f} "
+            f"({CI_LEVEL:.0%} simultaneous interval [{low:.4f}, {high:.4f}]; binned, n-weighted over groups)",
+            f"  minimum detectable TV at power {DEFAULT_POWER}: {self.min_detectable_tv:.4f}"
+            + (f" (tolerance asked: {self.tolerance:g})" if self.tolerance else ""),
+        ]
+        if self.worst_cells:
+            lines.append("  worst cells (cell: expected count vs observed):")
+            lines += [f"    {label}: expected {exp:.1f}, observed {obs}" for label, exp, obs in self.worst_cells]
+        return "\n".join(lines)
+
+    def as_record(self) -> dict[str, object]:
+        """Plain JSON-ready values (NaN becomes None)."""
+        record = {
+            "check": self.check,
+            "method": self.method,
+            "statistic": self.statistic,
+            "df": self.df,
+            "p_value": self.p_value,
+            "g_statistic": self.g_statistic,
+            "alpha": self.alpha,
+            "n": self.n,
+            "observed_tv": self.observed_tv,
+            "tv_interval": list(self.tv_interval),
+            "min_detectable_tv": self.min_detectable_tv,
+            "log_e_value": self.log_e_value,
+            "stopped_early": self.stopped_early,
+            "planned_draws": self.planned_draws,
+            "draws": self.draws,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "worst_cells": [list(cell) for cell in self.worst_cells],
+        }
+        return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in record.items()}
 
 
 def impossible_cells(counts: np.ndarray, probs: np.ndarray) -> np.ndarray:
@@ -127,44 +175,111 @@ def impossible_cells(counts: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return np.flatnonzero((probs <= 0) & (counts > 0))
 
 
-def chisquare_groups(check: str, groups: list[Group], *, alpha: float, worst: int = 5) -> FitResult:
-    """Pearson chi-square over independent groups: statistics and degrees of freedom add.
+def tv_interval(obs: np.ndarray, exp: np.ndarray, group_n: np.ndarray, group_of_bin: np.ndarray) -> tuple[float, float]:
+    """Simultaneous Clopper-Pearson bounds on each bin's probability (Bonferroni over bins),
+    turned into bounds on the n-weighted TV distance between binned model output and target."""
+    n = group_n[group_of_bin]
+    level = (1 - CI_LEVEL) / (2 * obs.size)
+    low = np.where(obs > 0, stats.beta.ppf(level, obs, n - obs + 1), 0.0)
+    high = np.where(obs < n, stats.beta.ppf(1 - level, obs + 1, n - obs), 1.0)
+    target = exp / n
+    below = np.clip(low - target, 0, None) + np.clip(target - high, 0, None)
+    worst = np.maximum(np.abs(low - target), np.abs(high - target))
+    weights = group_n / group_n.sum()
+    tv_low = 0.5 * np.bincount(group_of_bin, weights=below, minlength=group_n.size) @ weights
+    tv_high = np.minimum(1.0, 0.5 * np.bincount(group_of_bin, weights=worst, minlength=group_n.size)) @ weights
+    return float(tv_low), float(tv_high)
 
-    Groups too small to form two pooled cells add nothing. With no degrees of freedom at all
-    (every group degenerate) the verdict is a pass with p = 1: there is nothing to test.
+
+def chisquare_groups(check: str, groups: list[Group], *, alpha: float, worst: int = 5, seed: int = 0) -> FitResult:
+    """Pearson chi-square (and G) over independent groups, each pooled at its own sample size.
+
+    Groups too small to form two pooled cells add nothing. If no group has a degree of freedom
+    but some group has two possible cells and samples, a Monte Carlo test decides; with a
+    single possible cell everywhere there is nothing to test and the verdict is a pass.
     """
-    statistic, df, n, tv_weighted = 0.0, 0, 0, 0.0
-    cells: list[tuple[float, str, float, int]] = []
+    obs_parts, exp_parts, owners, sizes, cells = [], [], [], [], []
     for group in groups:
-        obs, exp, bins = _pooled(group)
         group_n = int(group.counts.sum())
-        if obs.size < 2 or group_n == 0:
+        if group_n == 0:
             continue
+        obs, exp, bins = group.pooled()
+        if obs.size < 2:
+            continue
+        owners.append(np.full(obs.size, len(sizes)))
+        obs_parts.append(obs)
+        exp_parts.append(exp)
+        sizes.append(group_n)
         contributions = (obs - exp) ** 2 / exp
-        statistic += float(contributions.sum())
-        df += obs.size - 1
-        n += group_n
-        tv_weighted += 0.5 * float(np.abs(obs - exp).sum())
         top = np.argsort(contributions)[-worst:]
         cells += [(float(contributions[i]), group.describe_bin(bins, int(i)), float(exp[i]), int(obs[i])) for i in top]
-    if df == 0:
-        return FitResult(check, 0.0, 0, 1.0, alpha, n, 0.0, 1.0)
-    p_value = float(stats.chi2.sf(statistic, df))
+    if not sizes:
+        return _sparse_check(check, groups, alpha=alpha, seed=seed)
+    obs, exp = np.concatenate(obs_parts), np.concatenate(exp_parts)
+    group_of_bin, group_n = np.concatenate(owners), np.asarray(sizes, dtype=np.float64)
+    ddof = len(sizes) - 1
+    pearson = stats.power_divergence(obs, exp, ddof=ddof, lambda_="pearson")
+    g_test = stats.power_divergence(obs, exp, ddof=ddof, lambda_="log-likelihood")
+    df = obs.size - len(sizes)
+    n = int(group_n.sum())
     cells.sort(key=lambda c: c[0], reverse=True)
     return FitResult(
         check=check,
-        statistic=statistic,
+        statistic=float(pearson.statistic),
         df=df,
-        p_value=p_value,
+        p_value=float(pearson.pvalue),
         alpha=alpha,
         n=n,
-        observed_tv=tv_weighted / n,
+        observed_tv=0.5 * float(np.abs(obs - exp).sum()) / n,
         min_detectable_tv=min_detectable_tv(n, df, alpha),
-        worst_cells=[(label, exp, obs) for _, label, exp, obs in cells[:worst]],
+        tv_interval=tv_interval(obs, exp, group_n, group_of_bin),
+        g_statistic=float(g_test.statistic),
+        g_p_value=float(g_test.pvalue),
+        worst_cells=[(label, exp_, obs_) for _, label, exp_, obs_ in cells[:worst]],
     )
 
 
-def min_detectable_tv(n: int, df: int, alpha: float, power: float = DEFAULT_POWER) -> float:
+def _sparse_check(check: str, groups: list[Group], *, alpha: float, seed: int) -> FitResult:
+    """Monte Carlo Pearson test on the raw cells of the largest testable group.
+
+    The simulated "sample" is a whole count vector (a multinomial draw), so the cost does not
+    grow with the number of observations.
+    """
+    testable = [g for g in groups if g.counts.sum() > 0 and (g.probs > 0).sum() >= 2]
+    n_total = int(sum(g.counts.sum() for g in groups))
+    if not testable:
+        return FitResult(check, 0.0, 0, 1.0, alpha, n_total, 0.0, 1.0, method="degenerate")
+    group = max(testable, key=lambda g: g.counts.sum())
+    possible = np.flatnonzero(group.probs > 0)
+    probs = group.probs[possible] / group.probs[possible].sum()
+    counts = group.counts[possible]
+    n = int(counts.sum())
+    rng = np.random.default_rng(seed)
+
+    def pearson(tallies: np.ndarray, axis: int = -1) -> np.ndarray:
+        return ((tallies - n * probs) ** 2 / (n * probs)).sum(axis)
+
+    def multinomial_counts(size: tuple[int, ...]) -> np.ndarray:
+        return rng.multinomial(n, probs, size=size[:-1])
+
+    resamples = int(min(MAX_MONTE_CARLO, max(9999, math.ceil(2 / alpha))))
+    result = stats.monte_carlo_test(
+        counts.astype(np.float64),
+        multinomial_counts,
+        pearson,
+        vectorized=True,
+        n_resamples=resamples,
+        batch=max(1, 20_000_000 // probs.size),
+        alternative="greater",
+        axis=-1,
+    )
+    tv = 0.5 * float(np.abs(counts / n - probs).sum())
+    return FitResult(
+        check, float(result.statistic), probs.size - 1, float(result.pvalue), alpha, n, tv, 1.0, method="monte-carlo"
+    )
+
+
+def min_detectable_tv(n: float, df: int, alpha: float, power: float = DEFAULT_POWER) -> float:
     """Smallest TV distance (between pooled cells, in every group) detected with ``power``."""
     if n <= 0 or df <= 0:
         return 1.0
@@ -179,3 +294,44 @@ def min_detectable_tv(n: int, df: int, alpha: float, power: float = DEFAULT_POWE
     # Round up so the stated power is met, not missed by the root-finder's tolerance.
     noncentrality = optimize.brentq(shortfall, 1e-9, upper, xtol=1e-9) * (1 + 1e-6)
     return min(1.0, float(np.sqrt(noncentrality / (4 * n))))
+
+
+def plan_draws(
+    reach: np.ndarray,
+    positive_cells: np.ndarray,
+    top_mass: np.ndarray,
+    *,
+    alpha: float,
+    tolerance: float,
+    min_draws: int,
+    max_draws: int,
+    power: float = DEFAULT_POWER,
+) -> tuple[int, float]:
+    """Fewest draws whose expected per-group samples (draws x reach) detect ``tolerance``.
+
+    Degrees of freedom come from :func:`approx_bins` (an upper bound, so the plan errs long).
+    Returns (draws, minimum detectable TV at those draws): capped at ``max_draws`` when the
+    tolerance is out of reach, and ``min_draws`` when nothing is testable at any size (a
+    single possible token everywhere: only the exact checks apply).
+    """
+
+    def mde(draws: int) -> float:
+        n_g = draws * reach
+        df = sum(approx_bins(n, int(c), float(t)) - 1 for n, c, t in zip(n_g, positive_cells, top_mass, strict=True))
+        return min_detectable_tv(float(n_g.sum()), df, alpha, power)
+
+    best = mde(max_draws)
+    if best >= 1.0:
+        return min_draws, mde(min_draws)
+    if best > tolerance:
+        return max_draws, best
+    low, high = min_draws, max_draws
+    if mde(low) <= tolerance:
+        return low, mde(low)
+    while high - low > max(1, low // 50):  # 2% resolution is plenty for a sample size
+        middle = (low + high) // 2
+        if mde(middle) <= tolerance:
+            high = middle
+        else:
+            low = middle
+    return high, mde(high)

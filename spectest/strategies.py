@@ -120,11 +120,15 @@ def markov_cases(
     max_cells: int = 4096,
     dtypes: tuple[str, ...] = ("float32",),
 ) -> MarkovCase:
-    """A Markov pair over a small vocabulary and a length L > K whose V**L joint fits max_cells."""
-    vocab = draw(st.integers(2, max_vocab))
+    """A Markov pair over a small vocabulary and a length L > K whose V**L joint fits max_cells.
+
+    Targets keep two or more possible tokens in every context (no one-hot target kind, and
+    V >= 3 for drafts that need target zeros), so the joint distribution is never degenerate.
+    """
+    target_kind, draft_kind = draw(kind_pairs(target_kinds=tuple(k for k in TARGET_KINDS if k != "one_hot")))
+    vocab = draw(st.integers(3 if draft_kind in ("disjoint", "zero_heavy") else 2, max_vocab))
     length = max_length(vocab, max_cells)
     k = draw(st.integers(1, min(max_k, length - 1)))
-    target_kind, draft_kind = draw(kind_pairs())
     return MarkovCase(vocab, k, length, target_kind, draft_kind, draw(seeds()), draw(st.sampled_from(dtypes)))
 
 

@@ -243,7 +243,7 @@ BUGS: dict[str, tuple[tuple[str, ...], str]] = {
     "bonus_from_position_k_minus_1": ((JOINT, BONUS), "not distributed as the target"),
     "bonus_after_rejection": ((JOINT, EXACTNESS, REJECTION), "accepted tokens are the draft prefix"),
     "keeps_later_drafts": ((JOINT, EXACTNESS, REJECTION), "accepted tokens are the draft prefix"),
-    "one_uniform_for_all_positions": ((JOINT, EXACTNESS), "not distributed as the target"),
+    "one_uniform_for_all_positions": ((JOINT,), "not distributed as the target"),
     "acceptance_uniform_reused_for_correction": ((JOINT, EXACTNESS), "not distributed as the target"),
     "rows_shifted_by_one": ((EXACTNESS, BONUS), ""),
     "typical_acceptance": ((JOINT, EXACTNESS), ""),

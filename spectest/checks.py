@@ -1,0 +1,163 @@
+"""One distribution check from plan to verdict: the statistical engine every property uses.
+
+1. Plan: the fewest draws that detect ``tolerance`` (TV) with power 0.99 at the check's level.
+2. Sample in growing batches; after each, update an anytime-valid e-process over bins fixed by
+   the plan, and stop the moment it rejects (gross bugs fail after a few hundred draws).
+3. Conclude at the planned size with the pooled Pearson test (G and the TV interval reported).
+
+Cells are pooled in more than one *view* (orderings fixed before sampling): by probability or
+draft/target ratio, where acceptance bugs move mass, and by token id, where indexing and
+inverse-CDF bugs move it. The fixed tests of the views are combined by Bonferroni, their
+e-processes by averaging (an average of test martingales is one). The check's level is split
+between the sequential and the fixed test (union bound), so a correct implementation fails it
+with probability at most ``alpha`` whatever happens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from spectest.sequential import MixtureEProcess
+from spectest.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
+
+SEQUENTIAL_SHARE = 0.5  # fraction of a check's alpha spent on early stopping
+FIRST_BATCH = 256
+
+Orders = Sequence[np.ndarray | None]  # one pooling order per group; None = ascending probability
+
+
+@dataclass
+class _View:
+    name: str
+    orders: Orders
+    bin_index: np.ndarray  # [G, C] global bin id, -1 for impossible or unplanned cells
+    eprocess: MixtureEProcess
+
+
+def token_id_orders(groups: int, cells: int) -> Orders:
+    return [np.arange(cells)] * groups
+
+
+class DistributionCheck:
+    def __init__(
+        self,
+        name: str,
+        probs: np.ndarray,
+        *,
+        alpha: float,
+        tolerance: float,
+        min_draws: int,
+        max_draws: int,
+        reach: np.ndarray | None = None,
+        views: Mapping[str, Orders] | None = None,
+        labels: Sequence[str] | None = None,
+        cell_name: Callable[[int], str] | None = None,
+        seed: int = 0,
+    ) -> None:
+        """``probs`` [G, C]: exact probabilities of each group's cells; ``reach`` [G]: expected
+        samples per group per draw (1 if every draw lands in every group); ``views``: pooling
+        orders by name (default: by probability, and by token id)."""
+        self.name = name
+        self.probs = probs
+        groups, cells = probs.shape
+        self.reach = np.ones(groups) if reach is None else np.asarray(reach, dtype=np.float64)
+        if views is None:
+            views = {"by probability": [None] * groups, "by token id": token_id_orders(groups, cells)}
+        self.labels = list(labels) if labels is not None else [""] * groups
+        self.cell_name = cell_name
+        self.seed = seed
+        self.alpha = alpha
+        self.alpha_sequential = alpha * SEQUENTIAL_SHARE
+        self.alpha_fixed = alpha - self.alpha_sequential
+        self.alpha_view = self.alpha_fixed / len(views)
+        self.tolerance = tolerance
+        self.planned, self.planned_mde = plan_draws(
+            self.reach, (probs > 0).sum(axis=1), probs.max(axis=1), alpha=self.alpha_view, tolerance=tolerance,
+            min_draws=min_draws, max_draws=max_draws,
+        )  # fmt: skip
+        self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
+        self.counts = np.zeros(probs.shape, dtype=np.int64)
+        self.draws = 0
+
+    def _view(self, name: str, orders: Orders) -> _View:
+        """Bins of one view, pooled at the planned expected counts (fixed before sampling)."""
+        index = np.full(self.probs.shape, -1, dtype=np.int64)
+        offset = 0
+        for g, (p, order) in enumerate(zip(self.probs, orders, strict=True)):
+            bins = pool_cells(
+                p * self.planned * self.reach[g], np.argsort(p, kind="stable") if order is None else order
+            )
+            index[g] = np.where(bins >= 0, bins + offset, -1)
+            offset += int(bins.max()) + 1 if (bins >= 0).any() else 0
+        valid = index >= 0
+        mass = np.bincount(index[valid], weights=self.probs[valid], minlength=offset)
+        group_of_bin = np.zeros(offset, dtype=np.int64)
+        group_of_bin[index[valid]] = np.nonzero(valid)[0]
+        group_mass = np.bincount(group_of_bin, weights=mass, minlength=self.probs.shape[0])
+        return _View(name, orders, index, MixtureEProcess(mass / group_mass[group_of_bin], group_of_bin))
+
+    def next_batch(self, largest: int) -> int:
+        """Draws to take next: batches double (early ones are small so gross bugs stop fast)."""
+        return max(1, min(self.planned - self.draws, largest, max(FIRST_BATCH, self.draws)))
+
+    def add(self, counts: np.ndarray, draws: int) -> None:
+        """Fold in the cell counts [G, C] of ``draws`` more draws."""
+        self.counts += counts
+        self.draws += draws
+        for view in self.views:
+            valid = view.bin_index >= 0
+            view.eprocess.update(
+                np.bincount(view.bin_index[valid], weights=counts[valid], minlength=view.eprocess.counts.size)
+            )
+
+    @property
+    def log_e(self) -> float:
+        """Log of the averaged e-process over the views."""
+        return float(logsumexp([view.eprocess.log_e for view in self.views]) - math.log(len(self.views)))
+
+    @property
+    def rejected_early(self) -> bool:
+        return self.log_e >= math.log(1 / self.alpha_sequential)
+
+    @property
+    def done(self) -> bool:
+        return self.rejected_early or self.draws >= self.planned
+
+    def impossible(self) -> tuple[int, int, int] | None:
+        """(group, cell, count) of the first cell observed although its probability is zero."""
+        hits = np.argwhere((self.probs <= 0) & (self.counts > 0))
+        if hits.size == 0:
+            return None
+        g, c = (int(i) for i in hits[0])
+        return g, c, int(self.counts[g, c])
+
+    def result(self) -> FitResult:
+        """The verdict: the view with the smallest p-value, its p-value Bonferroni-corrected."""
+        fits = []
+        for view in self.views:
+            groups = [
+                Group(self.counts[g], self.probs[g], self.labels[g], view.orders[g], self.cell_name)
+                for g in range(self.probs.shape[0])
+            ]
+            fits.append(
+                chisquare_groups(f"{self.name}, pooled {view.name}", groups, alpha=self.alpha_view, seed=self.seed)
+            )
+        fit = min(fits, key=lambda f: f.p_value)
+        fit.p_value = min(1.0, fit.p_value * len(self.views))
+        fit.alpha = self.alpha_fixed
+        fit.min_detectable_tv = min(f.min_detectable_tv for f in fits)
+        fit.log_e_value = self.log_e
+        fit.e_alpha = self.alpha_sequential
+        fit.planned_draws = self.planned
+        fit.draws = self.draws
+        fit.tolerance = self.tolerance
+        if self.rejected_early:
+            fit.stopped_early = True
+            fit.method = "sequential"
+            fit.p_value = float(min(1.0, math.exp(-self.log_e)))
+        return fit
