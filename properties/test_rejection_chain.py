@@ -102,7 +102,9 @@ def test_rejection_discards_every_later_position(spec) -> None:
                 )
 
     spec.given(
-        sst.chain_cases(batch=st.integers(65, 128), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=4097)),
+        sst.chain_cases(
+            batch=st.integers(65, 512), k=sst.draft_lengths(max_k=16), vocab=sst.vocab_sizes(), max_elements=20_000_000
+        ),
         body,
     )
 

@@ -82,7 +82,9 @@ class DistributionCheck:
         )  # fmt: skip
         self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
         self.counts = np.zeros(probs.shape, dtype=np.int64)
+        self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
         self.draws = 0
+        self.next_look = min(FIRST_BATCH, self.planned)
 
     def _view(self, name: str, orders: Orders) -> _View:
         """Bins of one view, pooled at the planned expected counts (fixed before sampling)."""
@@ -102,18 +104,26 @@ class DistributionCheck:
         return _View(name, orders, index, MixtureEProcess(mass / group_mass[group_of_bin], group_of_bin))
 
     def next_batch(self, largest: int) -> int:
-        """Draws to take next: batches double (early ones are small so gross bugs stop fast)."""
-        return max(1, min(self.planned - self.draws, largest, max(FIRST_BATCH, self.draws)))
+        """Draws to take next: up to the next look of the e-processes, at most ``largest``."""
+        return max(1, min(self.next_look - self.draws, largest))
 
     def add(self, counts: np.ndarray, draws: int) -> None:
-        """Fold in the cell counts [G, C] of ``draws`` more draws."""
+        """Fold in the cell counts [G, C] of ``draws`` more draws. The e-processes look at doubling
+        draw counts (256, 512, ...) and at the plan: gross bugs stop after a few hundred draws,
+        and monitoring costs a handful of updates however many calls the sampling took."""
         self.counts += counts
+        self.pending += counts
         self.draws += draws
+        if self.draws < self.next_look:
+            return
         for view in self.views:
             valid = view.bin_index >= 0
-            view.eprocess.update(
-                np.bincount(view.bin_index[valid], weights=counts[valid], minlength=view.eprocess.counts.size)
+            binned = np.bincount(
+                view.bin_index[valid], weights=self.pending[valid], minlength=view.eprocess.counts.size
             )
+            view.eprocess.update(binned)
+        self.pending[:] = 0
+        self.next_look = min(self.planned, 2 * self.draws) if self.draws < self.planned else self.draws + 1
 
     @property
     def log_e(self) -> float:
@@ -126,7 +136,7 @@ class DistributionCheck:
 
     @property
     def done(self) -> bool:
-        return self.rejected_early or self.draws >= self.planned
+        return self.rejected_early or (self.draws >= self.planned and not self.pending.any())
 
     def impossible(self) -> tuple[int, int, int] | None:
         """(group, cell, count) of the first cell observed although its probability is zero."""

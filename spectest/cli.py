@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectest import options
+from spectest import bench_cli, options, simulate_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,12 +21,18 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_argparse_options(check)
     check.add_argument("--pytest-args", default="", help="extra pytest arguments, as one quoted string")
     commands.add_parser("models", help="list the registered implementation names")
+    simulate_cli.add_parser(commands)
+    bench_cli.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        return simulate_cli.run(args, parser)
+    if args.command == "bench":
+        return bench_cli.run(args, parser)
     if args.command == "models":
         from spectest.resolve import registered_models
 

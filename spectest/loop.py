@@ -21,6 +21,8 @@ class Generation:
     tokens: torch.Tensor  # [n, length] int64
     passes: int  # verify calls made
     tokens_per_pass: torch.Tensor  # every row's emitted count, for every pass, concatenated
+    pass_rows: torch.Tensor  # the row of each entry of tokens_per_pass
+    pass_contexts: torch.Tensor  # the context each of those passes started in (V = start of sequence)
 
 
 def as_tensor(table: MarkovChain, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -40,21 +42,32 @@ def generate(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     timeout: float | None = None,
+    initial_contexts: torch.Tensor | None = None,
 ) -> Generation:
-    """``n_sequences`` independent sequences of ``length`` tokens from speculative decoding."""
+    """``n_sequences`` independent sequences of ``length`` tokens from speculative decoding.
+
+    ``initial_contexts`` [n]: the context each row starts in (default: start of sequence); the
+    tokens returned are the ones generated after it."""
     target_table = as_tensor(target, device=device, dtype=dtype)
     draft_table = as_tensor(draft, device=device, dtype=dtype)
     tokens = torch.full((n_sequences, length + k + 1), PAD, dtype=torch.int64, device=device)
     lengths = torch.zeros(n_sequences, dtype=torch.int64, device=device)
     slots = torch.arange(k + 1, device=device)
-    passes, per_pass = 0, []
+    passes, per_pass, pass_rows, pass_contexts = 0, [], [], []
+    first = (
+        torch.full((n_sequences,), target.start, dtype=torch.int64, device=device)
+        if initial_contexts is None
+        else initial_contexts.to(device)
+    )
     while True:
         active = (lengths < length).nonzero().squeeze(1)
         if active.numel() == 0:
             break
         filled = lengths[active]
         last = tokens[active, (filled - 1).clamp_min(0)]
-        context = torch.where(filled > 0, last, target.start)
+        context = torch.where(filled > 0, last, first[active])
+        pass_contexts.append(context)
+        pass_rows.append(active)
         contexts, drafts, draft_rows = [context], [], []
         for _ in range(k):
             q = draft_table[context]
@@ -75,7 +88,7 @@ def generate(
         lengths[active] += count
         per_pass.append(count)
         passes += 1
-    return Generation(tokens[:, :length], passes, torch.cat(per_pass))
+    return Generation(tokens[:, :length], passes, torch.cat(per_pass), torch.cat(pass_rows), torch.cat(pass_contexts))
 
 
 def sequence_index(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

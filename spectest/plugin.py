@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import shlex
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,12 +111,17 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(examples, checks, explicit=0): a spectest property; 'checks' statistical "
         "assertions per Hypothesis example share the run's significance budget",
     )
+    config.addinivalue_line(
+        "markers", "spec_speed: a wall-clock speed property (about a minute on CPU; deselect with -m 'not spec_speed')"
+    )
     specs = list(_option(config, "spec_model") or [])
     budget = BUDGETS[str(_option(config, "spec_budget") or "default")]
+    worker_input = getattr(config, "workerinput", None)  # pytest-xdist worker: use the controller's seed
+    default_seed = worker_input["spec_seed"] if worker_input else random.SystemRandom().randrange(2**32)
     session = SpecSession(
         model_specs=specs,
         device=_check_device(str(_option(config, "spec_device") or "cpu")),
-        seed=_parse(config, "spec_seed", options.seed, random.SystemRandom().randrange(2**32)),
+        seed=_parse(config, "spec_seed", options.seed, default_seed),
         alpha=_parse(config, "spec_alpha", options.probability, DEFAULT_ALPHA),
         budget=budget,
         tolerance=_parse(config, "spec_tolerance", options.tolerance, budget.tolerance),
@@ -128,6 +134,12 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args = [str(SUITE_DIR)]  # no paths given: run the installed property suite
     config.stash[SESSION] = session
     config.pluginmanager.register(ResultCollector(session), "spectest-results")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist: every worker uses the controller's seed, so a printed seed replays all."""
+    node.workerinput["spec_seed"] = node.config.stash[SESSION].seed
 
 
 def _resolve_all(specs: list[str]) -> list[Model]:
@@ -214,21 +226,33 @@ class ResultCollector:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION, None)
-    if session is None or not session.checks_per_model:
+    if session is None:
+        return
+    # Under xdist the controller collects nothing: the split travels in the records instead.
+    split = session.checks_per_model or {r["model"]: r["checks_for_model"] for r in session.results}
+    if not split:
         return
     write = terminalreporter.write_line
     terminalreporter.section("spectest")
-    for model, count in session.checks_per_model.items():
+    for model, count in split.items():
         write(
             f"{model}: false-failure budget alpha={session.alpha:g} split over {count} statistical checks "
             f"(Bonferroni, each at {session.alpha / count:.3g}); seed {session.seed}"
         )
+    for model in split:
+        efficiency = [r["efficiency"] for r in session.results if r.get("model") == model and "efficiency" in r]
+        if efficiency:
+            write(
+                f"{model}: acceptance efficiency vs standard rejection sampling: median {statistics.median(efficiency):.3f} "
+                f"(min {min(efficiency):.3f}, max {max(efficiency):.3f}) over {len(efficiency)} cases"
+            )
     statistical = [r for r in session.results if "p_value" in r and r["df"] > 0]
     if statistical:
         failed = [r for r in statistical if not r["passed"]]
-        worst = max(r["min_detectable_tv"] for r in statistical)
+        detectable = statistics.median(r["min_detectable_tv"] for r in statistical)
         samples = sum(int(r["n"]) for r in statistical)
+        early = sum(bool(r.get("stopped_early")) for r in statistical)
         write(
-            f"{len(statistical)} distribution checks on {samples} emitted tokens, {len(failed)} failed; "
-            f"weakest check detects TV >= {worst:.3f} with power 0.99"
+            f"{len(statistical)} distribution checks on {samples} emitted tokens, {len(failed)} failed "
+            f"({early} stopped early); median minimum detectable TV {detectable:.3f} at power 0.99"
         )

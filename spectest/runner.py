@@ -16,11 +16,12 @@ import hypothesis
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 from spectest.checks import DistributionCheck
 from spectest.plugin import MARKER, RESULT_KEY, SpecSession, examples_for
+from spectest.profiles import profile_for_budget
 from spectest.protocol import ContractViolation, Model, call_verify
 from spectest.sampling import make_generator
 from spectest.stats import FitResult
@@ -67,14 +68,10 @@ class PropertyRun:
             raise RuntimeError(f"{self.test_name}: marker declares {self.explicit} explicit cases, got {len(explicit)}")
         phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if self.session.shrink else [])
         settings = hypothesis.settings(
+            profile_for_budget(self.session.budget.name),
             max_examples=self.examples - self.explicit,
-            deadline=None,
-            database=None,
             phases=phases,
             derandomize=False,
-            print_blob=False,
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
         )
 
         def run(case: Any) -> None:
@@ -109,6 +106,12 @@ class PropertyRun:
         if not ok:
             raise ContractViolation(self.model.name, rule, f"{detail}\nreplay: {self.replay}")
 
+    def record(self, figures: dict[str, Any]) -> None:
+        """Record figures that are reported, not judged (efficiency, tokens per pass, ...)."""
+        self.node.user_properties.append(
+            (RESULT_KEY, {"model": self.model.name, "property": self.test_name, "seed": self.session.seed, **figures})
+        )
+
     def require_possible(self, check: DistributionCheck, describe: Callable[[int, int], str], context: str) -> None:
         """Exact check: no cell of target probability zero was ever emitted."""
         __tracebackhide__ = True
@@ -133,6 +136,7 @@ class PropertyRun:
             "model": self.model.name,
             "property": self.test_name,
             "seed": self.session.seed,
+            "checks_for_model": self.session.checks_per_model.get(self.model.name, 1),
             "context": context,
             "duration_s": time.perf_counter() - started if started is not None else None,
         }

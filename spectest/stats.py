@@ -27,7 +27,8 @@ from scipy import optimize, stats
 DEFAULT_POWER = 0.99
 MIN_EXPECTED = 10.0  # per pooled cell: keeps Pearson's tail close to chi-square at small alpha
 CI_LEVEL = 0.95  # simultaneous level of the TV interval in failure messages
-MAX_MONTE_CARLO = 1_000_000
+MAX_MONTE_CARLO = 200_000  # resamples; p-values below 1/(this + 1) cannot be resolved
+MONTE_CARLO_CELLS = 32  # cells of a sparse check are pooled (by expectation) to at most this many
 
 
 def pool_cells(expected: np.ndarray, order: np.ndarray, min_expected: float = MIN_EXPECTED) -> np.ndarray:
@@ -250,10 +251,15 @@ def _sparse_check(check: str, groups: list[Group], *, alpha: float, seed: int) -
     if not testable:
         return FitResult(check, 0.0, 0, 1.0, alpha, n_total, 0.0, 1.0, method="degenerate")
     group = max(testable, key=lambda g: g.counts.sum())
+    n = int(group.counts.sum())
+    # The most likely cells stay as they are, the rest (by expectation only) become one cell.
     possible = np.flatnonzero(group.probs > 0)
-    probs = group.probs[possible] / group.probs[possible].sum()
-    counts = group.counts[possible]
-    n = int(counts.sum())
+    ranked = possible[np.argsort(-group.probs[possible], kind="stable")]
+    bins = np.full(group.probs.size, -1)
+    bins[ranked] = np.minimum(np.arange(ranked.size), MONTE_CARLO_CELLS - 1)
+    probs = np.bincount(bins[possible], weights=group.probs[possible])
+    probs /= probs.sum()
+    counts = np.bincount(bins[possible], weights=group.counts[possible], minlength=probs.size)
     rng = np.random.default_rng(seed)
 
     def pearson(tallies: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -262,6 +268,8 @@ def _sparse_check(check: str, groups: list[Group], *, alpha: float, seed: int) -
     def multinomial_counts(size: tuple[int, ...]) -> np.ndarray:
         return rng.multinomial(n, probs, size=size[:-1])
 
+    if probs.size < 2:
+        return FitResult(check, 0.0, 0, 1.0, alpha, n_total, 0.0, 1.0, method="degenerate")
     resamples = int(min(MAX_MONTE_CARLO, max(9999, math.ceil(2 / alpha))))
     result = stats.monte_carlo_test(
         counts.astype(np.float64),
@@ -269,7 +277,7 @@ def _sparse_check(check: str, groups: list[Group], *, alpha: float, seed: int) -
         pearson,
         vectorized=True,
         n_resamples=resamples,
-        batch=max(1, 20_000_000 // probs.size),
+        batch=max(1, 4_000_000 // probs.size),
         alternative="greater",
         axis=-1,
     )

@@ -92,11 +92,20 @@ def chain_cases(
     k: st.SearchStrategy[int] | None = None,
     vocab: st.SearchStrategy[int] | None = None,
     dtypes: tuple[str, ...] = ("float32", "float64"),
+    max_elements: int | None = None,
 ) -> ChainCase:
+    """A case; with ``max_elements``, B then K are cut so that B * (2K + 1) * V fits (large V
+    comes with small B and K, large B with small V: every extreme is reachable, none at once)."""
+    b = draw(batch if batch is not None else batch_sizes())
+    k_ = draw(k if k is not None else draft_lengths())
+    v = draw(vocab if vocab is not None else vocab_sizes())
+    if max_elements is not None:
+        b = max(1, min(b, max_elements // ((2 * k_ + 1) * v)))
+        k_ = max(1, min(k_, (max_elements // (b * v) - 1) // 2))
     return ChainCase(
-        batch=draw(batch if batch is not None else batch_sizes()),
-        k=draw(k if k is not None else draft_lengths()),
-        vocab=draw(vocab if vocab is not None else vocab_sizes()),
+        batch=b,
+        k=k_,
+        vocab=v,
         kinds=tuple(draw(st.lists(kind_pairs(), min_size=1, max_size=4))),
         seed=draw(seeds()),
         dtype=draw(st.sampled_from(dtypes)),

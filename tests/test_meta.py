@@ -12,6 +12,8 @@ from tests.runner_helpers import Run, run_pytest
 
 VERIFIERS = Path(__file__).resolve().parent / "verifiers"
 CORRECT = ["reference", "exponential_race", "ignores_draft_probs", "as_object"]
+PROPERTIES = 8  # tests in properties/ besides the wall-clock speed property (each runs once per model)
+NOT_SPEED = ["-m", "not spec_speed"]  # the speed property's stability is measured on its own (README)
 
 
 def _load_buggy():
@@ -34,7 +36,7 @@ def model_arg(name: str) -> str:
 def buggy_run(tmp_path_factory) -> Run:
     """Every buggy verifier through one real pytest run of the property suite (no shrinking)."""
     args = [a for name in BUGS for a in ("--spec-model", model_arg(name))]
-    return run_pytest([*args, "--spec-no-shrink"], tmp_path_factory.mktemp("buggy"))
+    return run_pytest([*args, "--spec-no-shrink", *NOT_SPEED], tmp_path_factory.mktemp("buggy"))
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
@@ -50,8 +52,18 @@ def test_buggy_verifier_fails_the_right_properties(buggy_run, bug):
 
 def test_correct_verifiers_pass_everything(tmp_path):
     args = [a for name in CORRECT for a in ("--spec-model", model_arg(name))]
-    run = run_pytest(args, tmp_path)
+    run = run_pytest([*args, *NOT_SPEED], tmp_path)
     failed = {key: o.text[-2000:] for key, o in run.results.items() if o.outcome != "passed"}
     assert not failed, f"correct verifiers failed:\n{failed}\n{run.output[-3000:]}"
-    assert len(run.results) == 6 * len(CORRECT), run.output[-3000:]
+    assert len(run.results) == PROPERTIES * len(CORRECT), run.output[-3000:]
     assert run.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
+    """Twenty seeds, default budget, all four correct verifiers: a correct sampler never fails."""
+    args = [a for name in CORRECT for a in ("--spec-model", model_arg(name))]
+    run = run_pytest([*args, "--spec-seed", str(seed), *NOT_SPEED], tmp_path)
+    failed = {key: o.text[-2000:] for key, o in run.results.items() if o.outcome != "passed"}
+    assert not failed and run.returncode == 0, f"seed {seed}: {failed}"

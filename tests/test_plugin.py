@@ -62,10 +62,13 @@ def test_header_names_models_device_and_seed_and_ini_works(pytester):
     pytester.makeini("[pytest]\nspec_model = reference\nspec_seed = 1234\nspec_budget = quick\n")
     result = pytester.runpytest_subprocess("--co")
     result.stdout.fnmatch_lines(
-        ["spectest: models: reference [[]standard-rejection[]]", "spectest: device: cpu, seed: 1234*budget: quick"]
+        [
+            "spectest: models: reference [[]standard-rejection[]]",
+            "spectest: device: cpu, seed: 1234*budget: quick, tolerance: TV 0.1",
+        ]
     )
     result.stdout.fnmatch_lines(["*test_sequences_follow_the_target?reference?*"])
-    assert "6 tests collected" in result.stdout.str()
+    assert "9 tests collected" in result.stdout.str()
 
 
 def test_repeated_models_get_readable_ids(pytester):

@@ -1,0 +1,138 @@
+"""The acceptance chain against the analytic model of simulators/.
+
+For a verifier that declares ``standard-rejection`` the number of tokens each call emits must
+follow the exact chain model: per row from a_i = sum min(p_i, q_i) (context-free), and per
+start context by dynamic programming over contexts (Markov). Other lossless verifiers may accept
+less (one that ignores q, say): for them the measured acceptance is reported as an efficiency
+figure, and they fail only if they beat the maximal-coupling bound, which no lossless verifier
+can: P(first j emitted tokens = first j drafts) <= sum over j-token sequences of min(P, Q).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from simulators import acceptance_probability, tokens_per_pass
+from simulators.markov import MarkovChainModel, context_free_prefix_bound
+from spectest import strategies as sst
+from spectest.cases import RepeatedBatch, to_tensor
+from spectest.loop import generate
+from spectest.models import markov_pair
+from spectest.protocol import PAD
+
+MAX_CASE_ELEMENTS = 200_000_000
+MAX_CALL_ELEMENTS = 8_000_000
+BOUND_SEQUENCES = 4096  # enumerate at most this many prefixes per row for the coupling bound
+
+
+def bernstein_p_value(successes: float, means: np.ndarray) -> float:
+    """P(sum of independent Bernoullis with means <= ``means`` reaches ``successes``), bounded by
+    Bernstein's inequality (valid without approximation; variance <= min(mean, 1/4) each)."""
+    excess = successes - means.sum()
+    if excess <= 0:
+        return 1.0
+    variance = np.minimum(means, 0.25).sum()
+    return float(min(1.0, math.exp(-(excess**2) / (2 * (variance + excess / 3)))))
+
+
+@pytest.mark.spec_property(examples=6, checks=1)
+def test_tokens_per_call_follow_the_chain_model(spec) -> None:
+    def body(case: sst.ChainCase) -> None:
+        started = time.perf_counter()
+        target_np, draft_np = sst.build_chain(case)
+        b, k, v = case.batch, case.k, case.vocab
+        exact = tokens_per_pass(acceptance_probability(target_np[:, :k], draft_np)).probs  # [B, K + 1]
+        per_rep = b * (2 * k + 1) * v
+        batch = RepeatedBatch(
+            to_tensor(target_np, device=spec.device, dtype=case.dtype),
+            to_tensor(draft_np, device=spec.device, dtype=case.dtype),
+        )
+        draft_gen, verify_gen = spec.generators(case.seed)
+        check = spec.distribution(
+            "tokens emitted per call", exact, case_seed=case.seed, min_draws=50,
+            max_draws=max(50, MAX_CASE_ELEMENTS // per_rep), labels=[f"row {r}: " for r in range(b)],
+            cell_name=lambda i: f"L={i + 1}",
+        )  # fmt: skip
+        matches = np.zeros((b, k))
+        while not check.done:
+            reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // per_rep))
+            drafts, draft_probs, target_probs = batch.draw(reps, draft_gen)
+            emitted = spec.verify(drafts, draft_probs, target_probs, verify_gen)
+            lengths = (emitted != PAD).sum(dim=1)
+            rows = torch.arange(b, device=spec.device).repeat(reps)
+            check.add(
+                torch.bincount(rows * (k + 1) + lengths - 1, minlength=b * (k + 1)).view(b, k + 1).cpu().numpy(), reps
+            )
+            prefix = torch.cumprod((emitted[:, :k] == drafts).to(torch.int64), dim=1)
+            matches += (
+                torch.zeros((b, k), dtype=torch.int64, device=spec.device).index_add_(0, rows, prefix).cpu().numpy()
+            )
+        measured = float((check.counts * np.arange(1, k + 2)).sum() / check.counts.sum())
+        optimal = float((exact * np.arange(1, k + 2)).sum(axis=1).mean())
+        spec.record({"efficiency": measured / optimal, "tokens_per_call": measured, "optimal_tokens_per_call": optimal})
+        context = f"{check.draws} calls per row, {case}; tokens per call {measured:.4f}, standard optimum {optimal:.4f}"
+        if spec.standard:
+            spec.conclude(check, context=context, started=started)
+            return
+        # Not declared standard: only the maximal-coupling bound is binding.
+        for j in range(1, k + 1):
+            bounds = np.array(
+                [context_free_prefix_bound(target_np[r], draft_np[r], j, BOUND_SEQUENCES) for r in range(b)]
+            )
+            p_value = bernstein_p_value(matches[:, j - 1].sum(), np.repeat(bounds, check.draws))
+            spec.require(
+                p_value >= spec.alpha / k,
+                "lossless: never beats the maximal-coupling bound",
+                f"the first {j} emitted tokens equal the drafts in {int(matches[:, j - 1].sum())} of {b * check.draws} "
+                f"calls, but no lossless verifier can exceed {bounds.mean() * b * check.draws:.1f} on average "
+                f"(Bernstein p <= {p_value:.3g} < {spec.alpha / k:.2g}); {context}",
+            )
+
+    spec.given(
+        sst.chain_cases(batch=st.integers(65, 96), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=512)),
+        body,
+    )
+
+
+@pytest.mark.spec_property(examples=6, checks=1)
+def test_markov_tokens_per_pass_follow_the_exact_model(spec) -> None:
+    def body(case: sst.MarkovCase) -> None:
+        started = time.perf_counter()
+        target, draft = markov_pair(np.random.default_rng(case.seed), case.vocab, case.target_kind, case.draft_kind)
+        model = MarkovChainModel(target.table, draft.table)
+        exact = model.tokens_per_pass(case.k).probs  # [V + 1, K + 1], by start context
+        long_run = model.long_run_tokens_per_pass(case.k)
+        passes_per_sequence = case.length / long_run
+        reach = model.long_run_contexts(case.k) * passes_per_sequence
+        reach[model.start] = 1.0
+        check = spec.distribution(
+            "tokens per pass by start context", exact, case_seed=case.seed, min_draws=500, max_draws=200_000,
+            reach=reach, labels=[f"context {c}: " for c in range(case.vocab + 1)], cell_name=lambda i: f"L={i + 1}",
+        )  # fmt: skip
+        draft_gen, verify_gen = spec.generators(case.seed)
+        while not check.done:
+            sequences = check.next_batch(50_000)
+            run = generate(
+                spec.model, target, draft, n_sequences=sequences, length=case.length, k=case.k,
+                draft_generator=draft_gen, verify_generator=verify_gen, device=spec.device,
+                dtype=getattr(torch, case.dtype), timeout=spec.session.timeout,
+            )  # fmt: skip
+            cells = run.pass_contexts * (case.k + 1) + run.tokens_per_pass - 1
+            counts = torch.bincount(cells, minlength=exact.size).view(exact.shape)
+            check.add(counts.cpu().numpy(), sequences)
+        measured = float((check.counts * np.arange(1, case.k + 2)).sum() / check.counts.sum())
+        optimal = float(
+            (check.counts.sum(axis=1) * (exact * np.arange(1, case.k + 2)).sum(axis=1)).sum() / check.counts.sum()
+        )
+        spec.record({"efficiency": measured / optimal, "tokens_per_pass": measured, "long_run_exact": long_run})
+        if spec.standard:
+            context = f"{check.draws} sequences, {case}; tokens per pass {measured:.4f}, exact long run {long_run:.4f}"
+            spec.conclude(check, context=context, started=started)
+
+    spec.given(sst.markov_cases(max_vocab=5, max_cells=10**6), body)

@@ -1,0 +1,38 @@
+"""Analytic and Monte Carlo models of the speculative-decoding acceptance chain.
+
+The public surface; the modules underneath each do one job: ``chain`` (tokens per pass in
+closed form), ``speed`` (cost, speedup, break-even), ``markov`` (exact context-dependent chains
+and the maximal-coupling bound) and ``montecarlo`` (the sampling twin that cross-checks them).
+"""
+
+from simulators.chain import (
+    TokensPerPass,
+    acceptance_probability,
+    expected_tokens_iid,
+    tokens_per_pass,
+    tokens_per_pass_iid,
+)
+from simulators.speed import (
+    CostModel,
+    acceptance_for_speedup,
+    acceptance_for_tokens_per_pass,
+    break_even_acceptance,
+    operations_factor,
+    optimal_k,
+    speedup,
+)
+
+__all__ = [
+    "CostModel",
+    "TokensPerPass",
+    "acceptance_for_speedup",
+    "acceptance_for_tokens_per_pass",
+    "acceptance_probability",
+    "break_even_acceptance",
+    "expected_tokens_iid",
+    "operations_factor",
+    "optimal_k",
+    "speedup",
+    "tokens_per_pass",
+    "tokens_per_pass_iid",
+]
