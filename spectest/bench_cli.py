@@ -96,7 +96,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"draft H={config.draft_hidden}, {config.tokens} tokens x batch {config.batch}, {config.device}"
     )
     print(
-        f"{'mix':>5} {'a exact':>8} {'a meas':>7} {'L/pass':>7} {'E[L]':>6} {'c':>6} {'d':>7} {'o':>6} "
+        f"{'mix':>5} {'a exact':>8} {'a meas':>7} {'L/pass':>7} {'E[L]':>6} {'c':>6} {'d':>7} {'o':>6} {'o_plain':>7} "
         f"{'speedup':>8} {'model':>7} {'ratio':>6}"
     )
     for p in points:
