@@ -22,13 +22,39 @@ from spectest.sampling import make_generator, sample_categorical
 
 
 class CausalLM(Protocol):
+    """``forward(tokens [B, T]) -> probs [B, T, V]``: the next-token distribution after each token.
+
+    ``context_window``: how many trailing tokens determine the next distribution (1 for an order-1
+    Markov model; None for a real LM that needs its whole prefix, run with batch 1)."""
+
     vocab_size: int
+    context_window: int | None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
+class TransformersLM:
+    """Adapter for a ``transformers`` causal LM (``AutoModelForCausalLM``-like): softmax of the
+    logits over the whole prefix. Load weights from a local path; nothing is downloaded here."""
+
+    context_window: int | None = None
+
+    def __init__(self, model: object, *, start_token: int | None = None) -> None:
+        self.model = model.eval()  # type: ignore[attr-defined]
+        config = model.config  # type: ignore[attr-defined]
+        self.vocab_size = int(config.vocab_size)
+        bos = getattr(config, "bos_token_id", None)
+        self.start_token = start_token if start_token is not None else (bos if bos is not None else 0)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model(input_ids=tokens).logits.float(), dim=-1)  # type: ignore[operator]
+
+
 class CostedMarkovLM:
     """An order-1 Markov model whose every forward pass costs ``layers`` [n, H] x [H, H] products."""
+
+    context_window: int | None = 1
 
     def __init__(
         self, table: np.ndarray, *, hidden: int, layers: int, device: torch.device | str = "cpu", seed: int = 0
@@ -93,20 +119,39 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _contexts(model: CausalLM, history: torch.Tensor, lengths: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """What to feed ``model``: each row's context (its whole history, or the last
+    ``context_window`` tokens of it) followed by ``extra`` [B, m]."""
+    window = getattr(model, "context_window", None)
+    if window is None:
+        if history.shape[0] != 1:
+            raise ValueError("a model that needs its whole prefix (context_window None) decodes with batch 1")
+        return torch.cat([history[:, : int(lengths[0])], extra], dim=1)
+    index = (lengths.unsqueeze(1) - window + torch.arange(window, device=history.device)).clamp_min(0)
+    return torch.cat([history.gather(1, index), extra], dim=1)
+
+
+def _history(batch: int, size: int, start: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    history = torch.full((batch, size + 1), PAD, dtype=torch.int64, device=device)
+    history[:, 0] = start  # the start context; generated tokens follow it
+    return history, torch.ones(batch, dtype=torch.int64, device=device)
+
+
 def plain_decode(
     target: CausalLM, *, batch: int, tokens: int, start: int, generator: torch.Generator, device: torch.device
 ) -> DecodeResult:
-    """One target pass (over one position) per token."""
-    out = torch.empty((batch, tokens), dtype=torch.int64, device=device)
-    last = torch.full((batch, 1), start, dtype=torch.int64, device=device)
+    """One target pass (over one new position) per token."""
+    history, lengths = _history(batch, tokens, start, device)
+    none = torch.empty((batch, 0), dtype=torch.int64, device=device)
+    rows = torch.arange(batch, device=device)
     synchronize(device)
     started = time.perf_counter()
-    for t in range(tokens):
-        nxt = sample_categorical(target.forward(last)[:, -1], generator)
-        out[:, t] = nxt
-        last = nxt.unsqueeze(1)
+    for _ in range(tokens):
+        nxt = sample_categorical(target.forward(_contexts(target, history, lengths, none))[:, -1], generator)
+        history[rows, lengths] = nxt
+        lengths += 1
     synchronize(device)
-    return DecodeResult(out, time.perf_counter() - started, emitted=batch * tokens)
+    return DecodeResult(history[:, 1:], time.perf_counter() - started, emitted=batch * tokens)
 
 
 def speculative_decode(
@@ -122,36 +167,33 @@ def speculative_decode(
     device: torch.device,
     timeout: float | None = None,
 ) -> DecodeResult:
-    """Per pass: K draft passes over one position each, one target pass over K + 1 positions,
+    """Per pass: K draft passes over one new position each, one target pass over K + 1 positions,
     one verify call. All rows advance in lockstep passes; each keeps what its verify emitted."""
-    out = torch.full((batch, tokens + k + 1), PAD, dtype=torch.int64, device=device)
-    lengths = torch.zeros(batch, dtype=torch.int64, device=device)
-    last = torch.full((batch,), start, dtype=torch.int64, device=device)
+    history, lengths = _history(batch, tokens + k + 1, start, device)
     slots = torch.arange(k + 1, device=device)
     rows = torch.arange(batch, device=device).unsqueeze(1)
     per_pass, passes = [], 0
     synchronize(device)
     started = time.perf_counter()
-    while bool((lengths < tokens).any()):
-        context, drafts, draft_rows = last, [], []
+    while bool((lengths <= tokens).any()):
+        drafted = torch.empty((batch, 0), dtype=torch.int64, device=device)
+        draft_rows = []
         for _ in range(k):
-            q = draft.forward(context.unsqueeze(1))[:, -1]
-            context = sample_categorical(q, generator)
-            drafts.append(context)
+            q = draft.forward(_contexts(draft, history, lengths, drafted))[:, -1]
+            drafted = torch.cat([drafted, sample_categorical(q, generator).unsqueeze(1)], dim=1)
             draft_rows.append(q)
-        draft_ids = torch.stack(drafts, dim=1)
-        target_probs = target.forward(torch.cat([last.unsqueeze(1), draft_ids], dim=1))
+        target_probs = target.forward(_contexts(target, history, lengths, drafted))[:, -(k + 1) :]
         emitted = call_verify(
-            verifier, draft_ids, torch.stack(draft_rows, dim=1), target_probs, generator, timeout=timeout
+            verifier, drafted, torch.stack(draft_rows, dim=1), target_probs, generator, timeout=timeout
         )
         present = emitted != PAD
         count = present.sum(dim=1)
-        where = (lengths.unsqueeze(1) + slots).clamp(max=out.shape[1] - 1)
-        out[rows.expand_as(where)[present], where[present]] = emitted[present]
-        last = emitted.gather(1, (count - 1).unsqueeze(1)).squeeze(1)
+        where = (lengths.unsqueeze(1) + slots).clamp(max=history.shape[1] - 1)
+        history[rows.expand_as(where)[present], where[present]] = emitted[present]
         lengths += count
         per_pass.append(count)
         passes += 1
     synchronize(device)
     seconds = time.perf_counter() - started
-    return DecodeResult(out[:, :tokens], seconds, passes, torch.stack(per_pass, dim=1), int(lengths.sum()), k)
+    produced = int((lengths - 1).sum())
+    return DecodeResult(history[:, 1 : tokens + 1], seconds, passes, torch.stack(per_pass, dim=1), produced, k)
