@@ -54,6 +54,7 @@ class StepCosts:
     verify_forward: float  # target forward over K + 1 positions
     plain_overhead: float  # per plain token beyond the target forward
     pass_overhead: float  # per speculative pass beyond the model forwards
+    noise: float = 0.0  # largest interquartile range / median among the timings above
 
     @property
     def cost_ratio(self) -> float:
@@ -102,16 +103,26 @@ class SweepPoint:
         return self.speedup_measured / self.speedup_predicted
 
 
-def _median_seconds(action: Callable[[], object], device: torch.device, repeats: int) -> float:
-    action()  # warm-up
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        action()
-        synchronize(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+class Timer:
+    """Median timings, remembering how unstable they were (interquartile range / median)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.noise = 0.0
+
+    def median(self, action: Callable[[], object], repeats: int) -> float:
+        action()  # warm-up
+        times = []
+        for _ in range(repeats):
+            synchronize(self.device)
+            started = time.perf_counter()
+            action()
+            synchronize(self.device)
+            times.append(time.perf_counter() - started)
+        quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+        middle = quartiles[1]
+        self.noise = max(self.noise, (quartiles[2] - quartiles[0]) / middle if middle > 0 else 0.0)
+        return middle
 
 
 def measure_costs(
@@ -138,19 +149,22 @@ def measure_costs(
         start=start, generator=generator, device=device,
     ).passes  # fmt: skip
     repeats = max(3, config.repeats // 5)
+    timer = Timer(device)
     # The null loops still run null forwards (a table lookup each): subtract them, so that the
     # overheads hold only what the real loops add to their model forwards.
-    null_one = _median_seconds(lambda: null_target.forward(one), device, config.repeats)
-    null_many = _median_seconds(lambda: null_target.forward(many), device, config.repeats)
-    plain_null = _median_seconds(plain_steps, device, repeats) / steps
-    pass_null = _median_seconds(spec_passes, device, repeats) / max(1, null_passes)
-    return StepCosts(
-        target_forward=_median_seconds(lambda: target.forward(one), device, config.repeats),
-        draft_forward=_median_seconds(lambda: draft.forward(one), device, config.repeats),
-        verify_forward=_median_seconds(lambda: target.forward(many), device, config.repeats),
+    null_one = timer.median(lambda: null_target.forward(one), config.repeats)
+    null_many = timer.median(lambda: null_target.forward(many), config.repeats)
+    plain_null = timer.median(plain_steps, repeats) / steps
+    pass_null = timer.median(spec_passes, repeats) / max(1, null_passes)
+    costs = StepCosts(
+        target_forward=timer.median(lambda: target.forward(one), config.repeats),
+        draft_forward=timer.median(lambda: draft.forward(one), config.repeats),
+        verify_forward=timer.median(lambda: target.forward(many), config.repeats),
         plain_overhead=max(0.0, plain_null - null_one),
         pass_overhead=max(0.0, pass_null - config.k * null_one - null_many),
     )
+    costs.noise = timer.noise
+    return costs
 
 
 def run_point(verifier: Model, config: BenchConfig, mix: float) -> SweepPoint:

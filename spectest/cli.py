@@ -23,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", help="list the registered implementation names")
     simulate_cli.add_parser(commands)
     bench_cli.add_parser(commands)
+    report = commands.add_parser("report", help="re-render a saved results.json to HTML, Markdown and plots")
+    report.add_argument("results", help="a results.json written by pytest --spec-report DIR")
+    report.add_argument("-o", "--output", required=True, help="directory for report.html and summary.md")
+    compare = commands.add_parser("compare", help="put two results files side by side (Markdown)")
+    compare.add_argument("first")
+    compare.add_argument("second")
     return parser
 
 
@@ -33,6 +39,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return simulate_cli.run(args, parser)
     if args.command == "bench":
         return bench_cli.run(args, parser)
+    if args.command in ("report", "compare"):
+        from pathlib import Path
+
+        from spectest import report, results
+
+        try:
+            if args.command == "report":
+                for path in report.render(results.load(Path(args.results)), Path(args.output)):
+                    print(path)
+            else:
+                names = (Path(args.first).name, Path(args.second).name)
+                print(report.compare(results.load(Path(args.first)), results.load(Path(args.second)), names), end="")
+        except (OSError, ValueError) as exc:
+            parser.error(str(exc))
+        return 0
     if args.command == "models":
         from spectest.resolve import registered_models
 

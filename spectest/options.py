@@ -100,6 +100,12 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"default": None, "metavar": "TV"},
     ),
     (
+        "--spec-report",
+        "spec_report",
+        "write results.json, report.html and summary.md (plus plots) into this directory",
+        {"default": None, "metavar": "DIR"},
+    ),
+    (
         "--spec-timeout",
         "spec_timeout",
         f"seconds one verify call may take before it counts as a hang (default {DEFAULT_TIMEOUT_S:g}; 0: off)",

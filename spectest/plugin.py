@@ -38,9 +38,11 @@ class SpecSession:
     tolerance: float
     timeout: float
     shrink: bool
+    report_dir: str | None = None
     models: list[Model] = field(default_factory=list)
     checks_per_model: dict[str, int] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
+    tests: list[dict[str, Any]] = field(default_factory=list)
 
     def alpha_per_check(self, model: str) -> float:
         """Bonferroni: the run's alpha shared equally by the model's statistical checks."""
@@ -127,6 +129,7 @@ def pytest_configure(config: pytest.Config) -> None:
         tolerance=_parse(config, "spec_tolerance", options.tolerance, budget.tolerance),
         timeout=_parse(config, "spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
         shrink=not config.getoption("spec_no_shrink"),
+        report_dir=_option(config, "spec_report"),
     )
     if specs:
         session.models = _resolve_all(specs)
@@ -222,6 +225,45 @@ class ResultCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.session.results += [value for key, value in report.user_properties if key == RESULT_KEY]
+        if MARKER not in report.keywords or not (report.when == "call" or report.outcome != "passed"):
+            return
+        name, _, model = report.nodeid.rpartition("::")[2].partition("[")
+        self.session.tests.append(
+            {
+                "model": model[:-1] if model.endswith("]") else model,
+                "property": name,
+                "nodeid": report.nodeid,
+                "outcome": "error" if report.when != "call" and report.failed else report.outcome,
+                "duration_s": report.duration,
+                "message": report.longreprtext[-8000:] if report.failed else "",
+            }
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Write the results file (controller only) and render the reports from it."""
+        if self.session.report_dir is None or hasattr(session.config, "workerinput"):
+            return
+        from spectest import results
+
+        run = self.session
+        env = results.environment(
+            device=run.device, seed=run.seed, alpha=run.alpha, budget=run.budget.name, tolerance=run.tolerance
+        )
+        directory = Path(run.report_dir)
+        document = results.document(env, run.tests, run.results)
+        results.write_atomically(directory / "results.json", document)  # first: nothing renders before it exists
+        try:
+            from spectest.report import render
+
+            written = render(results.finite(document), directory)
+        except Exception as exc:  # a rendering problem must not hide the results file
+            written = [f"(report rendering failed: {type(exc).__name__}: {exc})"]
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"spectest: results written to {directory / 'results.json'}; " + ", ".join(map(str, written))
+            )
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -229,7 +271,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if session is None:
         return
     # Under xdist the controller collects nothing: the split travels in the records instead.
-    split = session.checks_per_model or {r["model"]: r["checks_for_model"] for r in session.results}
+    split = session.checks_per_model or {
+        r["model"]: r["checks_for_model"] for r in session.results if "checks_for_model" in r
+    }
     if not split:
         return
     write = terminalreporter.write_line

@@ -1,0 +1,189 @@
+"""Plots for the reports (matplotlib, headless). Each returns PNG bytes, or None if it has no data.
+
+matplotlib is optional (``pip install 'spectest[report]'``): :func:`available` says whether it is
+installed, and the report degrades to tables without it.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+OUTCOME_COLOURS = {"passed": "#4caf50", "failed": "#e53935", "error": "#8e24aa", "skipped": "#bdbdbd"}
+
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _figure(draw: Callable[[Any, Any], None], size: tuple[float, float] = (7.0, 4.0)) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size, dpi=100)
+    try:
+        draw(fig, ax)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        return buffer.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def verdict_table(tests: list[dict[str, Any]]) -> bytes | None:
+    if not tests:
+        return None
+    models = sorted({t["model"] for t in tests})
+    properties = sorted({t["property"] for t in tests})
+    outcome = {(t["model"], t["property"]): t["outcome"] for t in tests}
+
+    def draw(fig: Any, ax: Any) -> None:
+        for i, model in enumerate(models):
+            for j, prop in enumerate(properties):
+                state = outcome.get((model, prop), "skipped")
+                ax.add_patch(_rectangle(j, i, OUTCOME_COLOURS.get(state, "#ffffff")))
+                ax.text(j + 0.5, i + 0.5, state, ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, len(properties))
+        ax.set_ylim(0, len(models))
+        ax.set_xticks(
+            [j + 0.5 for j in range(len(properties))],
+            [p.removeprefix("test_") for p in properties],
+            rotation=35,
+            ha="right",
+            fontsize=7,
+        )
+        ax.set_yticks([i + 0.5 for i in range(len(models))], models, fontsize=7)
+        ax.set_title("verdict per model and property")
+
+    return _figure(draw, (8.0, 1.2 + 0.45 * len(models) + 1.5))
+
+
+def _rectangle(x: float, y: float, colour: str) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), 1, 1, facecolor=colour, edgecolor="white")
+
+
+def failing_cells(check: dict[str, Any]) -> bytes | None:
+    cells = check.get("worst_cells") or []
+    if not cells:
+        return None
+
+    def draw(fig: Any, ax: Any) -> None:
+        labels = [str(c[0])[-40:] for c in cells]
+        positions = range(len(cells))
+        ax.barh([p + 0.2 for p in positions], [c[1] for c in cells], height=0.4, label="expected", color="#90caf9")
+        ax.barh([p - 0.2 for p in positions], [c[2] for c in cells], height=0.4, label="observed", color="#e53935")
+        ax.set_yticks(list(positions), labels, fontsize=7)
+        ax.set_xlabel("count")
+        ax.legend()
+        ax.set_title(f"{check['model']}: {check['check']}"[:90], fontsize=9)
+
+    return _figure(draw, (7.5, 1.5 + 0.5 * len(cells)))
+
+
+def efficiency(figures: list[dict[str, Any]]) -> bytes | None:
+    rows = [(f["model"], f["efficiency"]) for f in figures if isinstance(f.get("efficiency"), (int, float))]
+    if not rows:
+        return None
+    models = sorted({m for m, _ in rows})
+
+    def draw(fig: Any, ax: Any) -> None:
+        for i, model in enumerate(models):
+            values = [e for m, e in rows if m == model]
+            ax.scatter(values, [i] * len(values), alpha=0.7)
+        ax.axvline(1.0, color="black", linestyle="--", label="standard rejection sampling (optimum per token)")
+        ax.set_yticks(range(len(models)), models, fontsize=7)
+        ax.set_xlabel("measured acceptance / optimum (efficiency)")
+        ax.legend(fontsize=7)
+        ax.set_title("acceptance against the optimum")
+
+    return _figure(draw, (7.0, 1.8 + 0.4 * len(models)))
+
+
+def _speed_records(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in figures if f.get("speed_points")]
+
+
+def speedup_curve(figures: list[dict[str, Any]]) -> bytes | None:
+    records = _speed_records(figures)
+    if not records:
+        return None
+    from simulators import expected_tokens_iid
+
+    def draw(fig: Any, ax: Any) -> None:
+        for record in records:
+            points = record["speed_points"]
+            k = record.get("k", 4)
+            ax.scatter(
+                [p["acceptance"] for p in points], [p["measured"] for p in points], label=f"{record['model']} measured"
+            )
+            costs = [p["pass_cost"] for p in points if p.get("pass_cost")]
+            if costs:
+                cost = statistics.median(costs)
+                grid = [i / 100 for i in range(101)]
+                ax.plot(grid, [expected_tokens_iid(a, k) / cost for a in grid], label=f"{record['model']} model")
+            if record.get("break_even_predicted") is not None:
+                ax.axvline(record["break_even_predicted"], linestyle=":", color="grey", label="predicted break-even a*")
+            if record.get("break_even_measured") is not None:
+                ax.axvline(record["break_even_measured"], linestyle="--", color="black", label="measured crossing")
+        ax.axhline(1.0, color="red", linewidth=0.8)
+        ax.set_xlabel("acceptance rate a")
+        ax.set_ylabel("speedup over plain decoding")
+        ax.legend(fontsize=7)
+        ax.set_title("speedup against acceptance")
+
+    return _figure(draw)
+
+
+def tokens_per_pass(figures: list[dict[str, Any]]) -> bytes | None:
+    records = [(f, p) for f in _speed_records(figures) for p in f["speed_points"] if p.get("counts")]
+    if not records:
+        return None
+
+    def draw(fig: Any, ax: Any) -> None:
+        width = 0.8 / max(1, len(records))
+        for i, (_, point) in enumerate(records):
+            counts = point["counts"]
+            total = sum(counts) or 1
+            xs = [value + 1 + i * width for value in range(len(counts))]
+            ax.bar(
+                xs, [c / total for c in counts], width=width, alpha=0.6, label=f"a={point['acceptance']:.2f} measured"
+            )
+            ax.plot(xs, point["model_probs"], "k.", markersize=6)
+        ax.set_xlabel("tokens per pass L (dots: analytic model)")
+        ax.set_ylabel("fraction of passes")
+        ax.legend(fontsize=6, ncol=2)
+        ax.set_title("tokens per pass against the analytic model")
+
+    return _figure(draw)
+
+
+def break_even_table(k_max: int = 8) -> bytes | None:
+    from simulators import CostModel, break_even_acceptance
+
+    ratios = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+
+    def draw(fig: Any, ax: Any) -> None:
+        grid = [[break_even_acceptance(k, CostModel(c)) or 1.0 for c in ratios] for k in range(1, k_max + 1)]
+        image = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0, vmax=1)
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
+        ax.set_xticks(range(len(ratios)), [str(c) for c in ratios])
+        ax.set_yticks(range(k_max), [str(k) for k in range(1, k_max + 1)])
+        ax.set_xlabel("draft/target cost ratio c")
+        ax.set_ylabel("K")
+        fig.colorbar(image, ax=ax, label="break-even acceptance a*")
+        ax.set_title("break-even acceptance (d = 0, no overhead)")
+
+    return _figure(draw)

@@ -1,0 +1,192 @@
+"""The results file: one versioned JSON document per run, the single source of every report.
+
+Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Schema):
+
+* ``schema``: "spectest.results/1"
+* ``environment``: package versions, torch and CUDA versions, device name, git commit (null when
+  not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601)
+* ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
+  (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated)
+* ``checks``: one entry per distribution check: ``model``, ``property``, ``check``, ``method``,
+  ``passed``, ``statistic``, ``df``, ``p_value``, ``g_statistic``, ``log_e_value``, ``alpha``,
+  ``n``, ``observed_tv``, ``tv_interval`` [low, high], ``min_detectable_tv``, ``tolerance``,
+  ``planned_draws``, ``draws``, ``stopped_early``, ``worst_cells`` [[label, expected, observed]],
+  ``seed``, ``duration_s``, ``context``
+* ``figures``: records that are reported, not judged: acceptance ``efficiency`` per case and the
+  speed sweep (``speed_points``, ``break_even_predicted``, ``break_even_measured``)
+
+The plugin writes it atomically (temporary file, then rename) once per run, on the pytest-xdist
+controller only; every record reaches the controller inside the test reports.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "spectest.results/1"
+PACKAGES = ("spectest", "torch", "numpy", "scipy", "hypothesis", "pytest", "matplotlib", "cupy", "transformers")
+MESSAGE_LIMIT = 8000
+
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+RESULTS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["schema", "environment", "tests", "checks", "figures"],
+    "properties": {
+        "schema": {"const": SCHEMA},
+        "environment": {
+            "type": "object",
+            "required": [
+                "packages",
+                "python",
+                "device",
+                "command",
+                "seed",
+                "alpha",
+                "budget",
+                "tolerance",
+                "git_commit",
+            ],
+            "properties": {
+                "packages": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+                "seed": {"type": "integer"},
+                "alpha": {"type": "number"},
+                "tolerance": {"type": "number"},
+                "git_commit": {"type": ["string", "null"]},
+                "command": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "tests": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "property", "nodeid", "outcome", "duration_s", "message"],
+                "properties": {"outcome": {"enum": ["passed", "failed", "skipped", "error"]}},
+            },
+        },
+        "checks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": [
+                    "model",
+                    "property",
+                    "check",
+                    "passed",
+                    "p_value",
+                    "n",
+                    "min_detectable_tv",
+                    "tv_interval",
+                ],
+                "properties": {
+                    "passed": {"type": "boolean"},
+                    "p_value": {"type": "number"},
+                    "n": {"type": "integer"},
+                    "min_detectable_tv": {"type": "number"},
+                    "log_e_value": _NUMBER_OR_NULL,
+                    "tv_interval": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
+                },
+            },
+        },
+        "figures": {"type": "array", "items": {"type": "object", "required": ["model", "property"]}},
+    },
+}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+def environment(*, device: str, seed: int, alpha: float, budget: str, tolerance: float) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "packages": {name: _version(name) for name in PACKAGES},
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+        "device_name": None,
+        "cuda": None,
+        "git_commit": _git_commit(),
+        "command": list(sys.argv),
+        "seed": seed,
+        "alpha": alpha,
+        "budget": budget,
+        "tolerance": tolerance,
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    torch = sys.modules.get("torch")  # only describe torch if the run already imported it
+    if torch is not None:
+        info["cuda"] = torch.version.cuda
+        if device.startswith("cuda") and torch.cuda.is_available():
+            info["device_name"] = torch.cuda.get_device_name(torch.device(device))
+        else:
+            info["device_name"] = platform.processor() or platform.machine()
+    return info
+
+
+def split_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(distribution checks, figures) from the records the properties attached to their reports."""
+    checks = [r for r in records if "p_value" in r]
+    figures = [r for r in records if "p_value" not in r]
+    return checks, figures
+
+
+def document(env: dict[str, Any], tests: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[str, Any]:
+    checks, figures = split_records(records)
+    return {"schema": SCHEMA, "environment": env, "tests": tests, "checks": checks, "figures": figures}
+
+
+def finite(value: Any) -> Any:
+    """JSON-safe copy: NaN and infinities become None, tuples lists, unknown objects strings."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def write_atomically(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that readers see either the old file or the complete new one."""
+    data = finite(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.chmod(temporary, 0o644)  # mkstemp creates 0600; a results file is meant to be shared
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(data, stream, indent=1, allow_nan=False)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> dict[str, Any]:
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a spectest results file (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    return data
