@@ -110,6 +110,30 @@ def efficiency(figures: list[dict[str, Any]]) -> bytes | None:
     return _figure(draw, (7.0, 1.8 + 0.4 * len(models)))
 
 
+def per_position_acceptance(figures: list[dict[str, Any]]) -> bytes | None:
+    records = [f for f in figures if f.get("prefix_acceptance")]
+    if not records:
+        return None
+    models = sorted({f["model"] for f in records})
+
+    def draw(fig: Any, ax: Any) -> None:
+        colours = {model: f"C{i}" for i, model in enumerate(models)}
+        for record in records:
+            positions = range(1, len(record["prefix_acceptance"]) + 1)
+            colour = colours[record["model"]]
+            ax.plot(positions, record["prefix_acceptance"], "o-", color=colour, alpha=0.6)
+            ax.plot(positions, record["prefix_acceptance_optimal"], "x:", color=colour, alpha=0.6)
+        for model in models:
+            ax.plot([], [], "o-", color=colours[model], label=f"{model} measured")
+        ax.plot([], [], "kx:", label="standard rejection sampling (optimum)")
+        ax.set_xlabel("draft position j")
+        ax.set_ylabel("P(first j drafts accepted)")
+        ax.legend(fontsize=7)
+        ax.set_title("per-position acceptance against the optimum (one line per case)")
+
+    return _figure(draw)
+
+
 def _speed_records(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in figures if f.get("speed_points")]
 

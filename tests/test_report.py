@@ -121,6 +121,23 @@ def test_report_and_compare_commands(failing_run, tmp_path):
     assert bad.returncode == 2 and "error:" in bad.stderr
 
 
+def test_acceptance_figures_are_recorded_and_plotted(tmp_path):
+    args = ["--spec-model", "reference", *QUICK, "-k", "tokens_per_call", "--spec-report", str(tmp_path / "out")]
+    run_pytest(args, tmp_path)
+    document = results.load(tmp_path / "out" / "results.json")
+    figures = [f for f in document["figures"] if "prefix_acceptance" in f]
+    assert figures and all(
+        len(f["prefix_acceptance"]) == f["k"] == len(f["prefix_acceptance_optimal"]) for f in figures
+    )
+    # The reference is standard rejection sampling: its prefix acceptance is the optimum, up to noise.
+    assert all(
+        abs(m - o) < 0.05
+        for f in figures
+        for m, o in zip(f["prefix_acceptance"], f["prefix_acceptance_optimal"], strict=True)
+    )
+    assert "Per-position acceptance against the optimum" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_atomic_write_leaves_no_temporary_files(tmp_path):
     results.write_atomically(tmp_path / "results.json", {"schema": results.SCHEMA, "x": float("nan")})
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
