@@ -16,6 +16,8 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from spectest.options import argument, positive_int
+
 BENCH_SCHEMA = "spectest.bench/1"
 SWEEP_MIXES = (0.0, 0.2, 0.4, 0.55, 0.7, 0.85, 1.0)
 
@@ -27,13 +29,6 @@ def _mixes(text: str) -> list[float]:
     return values
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def add_parser(commands: Any) -> None:
     bench = commands.add_parser(
         "bench",
@@ -42,13 +37,13 @@ def add_parser(commands: Any) -> None:
         "speedup with E[L] / (K c + 1 + d K + o), every cost measured in the same run.",
     )
     bench.add_argument("--model", default="reference", help="verifier: a --spec-model value (default reference)")
-    bench.add_argument("--gamma", type=_positive, default=4, help="draft tokens per pass K")
-    bench.add_argument("--vocab", type=_positive, default=64)
-    bench.add_argument("--target-hidden", type=_positive, default=1024)
-    bench.add_argument("--draft-hidden", type=_positive, default=64)
-    bench.add_argument("--layers", type=_positive, default=6)
-    bench.add_argument("--tokens", type=_positive, default=300, help="tokens to generate per row and run")
-    bench.add_argument("--batch", type=_positive, default=1)
+    bench.add_argument("--gamma", type=argument(positive_int), default=4, help="draft tokens per pass K")
+    bench.add_argument("--vocab", type=argument(positive_int), default=64)
+    bench.add_argument("--target-hidden", type=argument(positive_int), default=1024)
+    bench.add_argument("--draft-hidden", type=argument(positive_int), default=64)
+    bench.add_argument("--layers", type=argument(positive_int), default=6)
+    bench.add_argument("--tokens", type=argument(positive_int), default=300, help="tokens to generate per row and run")
+    bench.add_argument("--batch", type=argument(positive_int), default=1)
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (times with synchronisation)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument(

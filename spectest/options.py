@@ -5,8 +5,12 @@ Pure data and parsing: importing this module costs nothing (the plugin loads in 
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 DEFAULT_ALPHA = 1e-4
 DEFAULT_TIMEOUT_S = 60.0
@@ -35,6 +39,40 @@ def probability(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise ValueError(f"must lie strictly between 0 and 1, got {text}")
     return value
+
+
+def unit_interval(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must lie in [0, 1], got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def argument(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from one of the validators above: same rule, argparse's error format."""
+
+    def convert(text: str) -> T:
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = check.__name__
+    return convert
 
 
 def tolerance(text: str) -> float:

@@ -19,15 +19,7 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> tor
     cumulative weight exceeds the uniform, and a rounding overshoot is clamped to the last
     cell of positive weight rather than to V - 1.
     """
-    flat = weights.reshape(-1, weights.shape[-1])
-    cdf = flat.to(torch.float64).cumsum(dim=-1)
-    total = cdf[:, -1:]
-    u = torch.rand(total.shape, generator=generator, device=flat.device, dtype=torch.float64)
-    idx = torch.searchsorted(cdf, u * total, right=True)
-    positive = flat > 0
-    last_positive = flat.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
-    idx = torch.minimum(idx, last_positive)
-    return idx.reshape(weights.shape[:-1])
+    return RepeatedCategorical(weights).sample(1, generator)[0]
 
 
 class RepeatedCategorical:

@@ -16,30 +16,11 @@ import argparse
 import json
 from typing import Any
 
+from spectest.options import argument, non_negative, positive_int, unit_interval
+
 SIMULATE_SCHEMA = "spectest.simulate/1"
 BREAKEVEN_SCHEMA = "spectest.breakeven/1"
 DEFAULT_COST_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _gamma(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
 
 
 def add_parser(commands: Any) -> None:
@@ -49,15 +30,21 @@ def add_parser(commands: Any) -> None:
         description="Analytic model of speculative decoding (Leviathan et al. 2023, extended with a verification "
         "cost that grows with K and a fixed overhead per pass).",
     )
-    sim.add_argument("--alpha", type=_rate, help="per-token acceptance rate in [0, 1]")
-    sim.add_argument("--gamma", type=_gamma, default=4, help="draft tokens per pass K (default 4)")
-    sim.add_argument("--cost-ratio", type=_non_negative, default=0.0, help="draft step cost / target step cost c")
+    sim.add_argument("--alpha", type=argument(unit_interval), help="per-token acceptance rate in [0, 1]")
+    sim.add_argument("--gamma", type=argument(positive_int), default=4, help="draft tokens per pass K (default 4)")
     sim.add_argument(
-        "--verify-overhead", type=_non_negative, default=0.0,
+        "--cost-ratio", type=argument(non_negative), default=0.0, help="draft step cost / target step cost c"
+    )
+    sim.add_argument(
+        "--verify-overhead", type=argument(non_negative), default=0.0,
         help="d: verifying K+1 tokens costs 1 + d*K target steps (default 0)",
     )  # fmt: skip
-    sim.add_argument("--pass-overhead", type=_non_negative, default=0.0, help="fixed cost per pass, in target steps")
-    sim.add_argument("--ops-ratio", type=_non_negative, help="draft/target arithmetic per token (default: cost ratio)")
+    sim.add_argument(
+        "--pass-overhead", type=argument(non_negative), default=0.0, help="fixed cost per pass, in target steps"
+    )
+    sim.add_argument(
+        "--ops-ratio", type=argument(non_negative), help="draft/target arithmetic per token (default: cost ratio)"
+    )
     sim.add_argument("--breakeven-table", action="store_true", help="print a* for gamma 1..8 and a grid of cost ratios")
     sim.add_argument("--json", action="store_true", help="machine-readable output (schemas in the module docstring)")
 
