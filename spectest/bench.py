@@ -54,7 +54,7 @@ class StepCosts:
     verify_forward: float  # target forward over K + 1 positions
     plain_overhead: float  # per plain token beyond the target forward
     pass_overhead: float  # per speculative pass beyond the model forwards
-    noise: float = 0.0  # largest interquartile range / median among the timings above
+    noise: float = 0.0  # largest interquartile range / median among the timings above (not the null forwards)
 
     @property
     def cost_ratio(self) -> float:
@@ -110,7 +110,9 @@ class Timer:
         self.device = device
         self.noise = 0.0
 
-    def median(self, action: Callable[[], object], repeats: int) -> float:
+    def median(self, action: Callable[[], object], repeats: int, *, judged: bool = True) -> float:
+        """Median of ``repeats`` timings; ``judged`` ones count toward the noise figure (a few
+        microsecond timings jitter by ~100% on any machine and are only small corrections)."""
         action()  # warm-up
         times = []
         for _ in range(repeats):
@@ -121,7 +123,8 @@ class Timer:
             times.append(time.perf_counter() - started)
         quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
         middle = quartiles[1]
-        self.noise = max(self.noise, (quartiles[2] - quartiles[0]) / middle if middle > 0 else 0.0)
+        if judged and middle > 0:
+            self.noise = max(self.noise, (quartiles[2] - quartiles[0]) / middle)
         return middle
 
 
@@ -152,8 +155,8 @@ def measure_costs(
     timer = Timer(device)
     # The null loops still run null forwards (a table lookup each): subtract them, so that the
     # overheads hold only what the real loops add to their model forwards.
-    null_one = timer.median(lambda: null_target.forward(one), config.repeats)
-    null_many = timer.median(lambda: null_target.forward(many), config.repeats)
+    null_one = timer.median(lambda: null_target.forward(one), config.repeats, judged=False)
+    null_many = timer.median(lambda: null_target.forward(many), config.repeats, judged=False)
     plain_null = timer.median(plain_steps, repeats) / steps
     pass_null = timer.median(spec_passes, repeats) / max(1, null_passes)
     costs = StepCosts(
@@ -225,6 +228,16 @@ def break_even(points: Sequence[SweepPoint], k: int) -> BreakEven:
     return BreakEven(predicted, None, None)
 
 
+def pool_costs(points: Sequence[SweepPoint], k: int) -> None:
+    """Predict every point from the median pass cost of the whole sweep: the models are the same
+    size at every point (only their tables differ), so one disturbed cost measurement should not
+    decide a point."""
+    pooled = statistics.median(p.costs["pass_cost"] for p in points)
+    for point in points:
+        point.costs["pass_cost_pooled"] = pooled
+        point.speedup_predicted = expected_tokens_iid(point.acceptance_measured, k) / pooled
+
+
 def sweep(
     verifier: Model, config: BenchConfig, mixes: Sequence[float], progress: Callable[[str], None] | None = None
 ) -> list[SweepPoint]:
@@ -233,4 +246,5 @@ def sweep(
         if progress:
             progress(f"[{i + 1}/{len(mixes)}] draft mixed {mix:.2f} toward uniform")
         points.append(run_point(verifier, config, mix))
+    pool_costs(points, config.k)
     return points
