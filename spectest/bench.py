@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from simulators import acceptance_for_tokens_per_pass, expected_tokens_iid
-from spectest.decoding import CostedMarkovLM, plain_decode, speculative_decode, synchronize, uniform_acceptance_pair
+from spectest.decoding import (
+    CostedMarkovLM,
+    acceptance_from_passes,
+    plain_decode,
+    speculative_decode,
+    synchronize,
+    uniform_acceptance_pair,
+)
 from spectest.protocol import Model
 from spectest.sampling import make_generator
 
@@ -192,8 +199,7 @@ def run_point(verifier: Model, config: BenchConfig, mix: float) -> SweepPoint:
         speedups.append((spec.emitted / spec.seconds) / (plain.emitted / plain.seconds))
         per_pass.append(spec.tokens_per_pass.flatten())
     all_passes = torch.cat(per_pass)
-    accepted = int((all_passes - 1).sum())
-    acceptance = accepted / max(1, accepted + int((all_passes <= config.k).sum()))
+    acceptance = acceptance_from_passes(all_passes, config.k)
     model_tokens = expected_tokens_iid(acceptance, config.k)
     counts = torch.bincount(all_passes - 1, minlength=config.k + 1).tolist()
     return SweepPoint(

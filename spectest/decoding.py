@@ -94,6 +94,14 @@ def uniform_acceptance_pair(
     return target, draft, float(np.minimum(base, mixed).sum())
 
 
+def acceptance_from_passes(tokens_per_pass: torch.Tensor, k: int) -> float:
+    """Maximum-likelihood per-draft acceptance from tokens emitted per pass: every pass accepted
+    L - 1 drafts and, unless it emitted K + 1 tokens, rejected one."""
+    accepted = int((tokens_per_pass - 1).sum())
+    rejected = int((tokens_per_pass <= k).sum())
+    return accepted / max(1, accepted + rejected)
+
+
 @dataclass
 class DecodeResult:
     tokens: torch.Tensor  # [B, N]
@@ -108,10 +116,7 @@ class DecodeResult:
         """Maximum-likelihood per-draft acceptance: accepted / (accepted + rejected) drafts."""
         if self.tokens_per_pass is None:
             return float("nan")
-        counts = self.tokens_per_pass
-        accepted = int((counts - 1).sum())
-        rejected = int((counts <= self.k).sum())
-        return accepted / max(1, accepted + rejected)
+        return acceptance_from_passes(self.tokens_per_pass, self.k)
 
 
 def synchronize(device: torch.device) -> None:
