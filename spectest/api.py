@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from spectest.plugin import SESSION, SUITE_DIR
-from spectest.protocol import Model
+from spectest.protocol import Model, build_model
 from spectest.resolve import ModelSpecError, verify_callable
 
 
@@ -46,8 +46,10 @@ def check_verifier(
         callable_ = verify_callable(label, verify)
     except ModelSpecError as exc:
         raise TypeError(str(exc)) from None
-    capabilities = frozenset(getattr(verify, "spectest_capabilities", ()) or ())
-    model = Model(name=label, verify=callable_, source=label, capabilities=capabilities)
+    try:
+        model = build_model(label, label, verify, callable_)
+    except ValueError as exc:
+        raise TypeError(str(exc)) from None
     args = ["--spec-device", device, "--spec-budget", budget, "-p", "no:cacheprovider", *pytest_args]
     if seed is not None:
         args += ["--spec-seed", str(seed)]

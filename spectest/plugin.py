@@ -250,6 +250,7 @@ class ResultCollector:
         env = results.environment(
             device=run.device, seed=run.seed, alpha=run.alpha, budget=run.budget.name, tolerance=run.tolerance
         )
+        env["models"] = [results.describe_model(m) for m in run.models]
         directory = Path(run.report_dir)
         document = results.document(env, run.tests, run.results)
         results.write_atomically(directory / "results.json", document)  # first: nothing renders before it exists

@@ -11,6 +11,19 @@ Protocol::
       draft_probs:     float [B, K, V]
       target_probs:    float [B, K+1, V]   (row K is the bonus distribution)
       emitted:         int64 [B, K+1]      accepted draft prefix, one token, then -1s
+
+Optional capabilities, discovered from the model object (methods of the same name):
+
+    verify_logits(draft_token_ids, draft_logits, target_logits, params, generator=gen) -> emitted
+      draft_logits [B, K, V], target_logits [B, K+1, V], params: SamplingParams (per-row
+      temperature, top_k, top_p, min_p, seed); output exact against the *processed* target.
+    propose(draft_logits, params, generator=gen) -> (draft_token_ids [B, K], draft_probs [B, K, V])
+      drafted tokens must follow the reported draft_probs ("draft honesty").
+
+and declared ones (attribute ``spectest_capabilities``): ``standard-rejection`` (p = q means
+certain acceptance) and ``per-row-seeds`` (a row with a seed gives the same output whatever
+else is in the batch). ``spectest_filter_order`` (default top_k, top_p, min_p) and
+``spectest_sampling_params`` (default all four) say how and which parameters a model applies.
 """
 
 from __future__ import annotations
@@ -26,6 +39,14 @@ if TYPE_CHECKING:
     import torch
 
 PAD = -1
+PARAMETERS = ("temperature", "top_k", "top_p", "min_p")
+FILTERS = ("top_k", "top_p", "min_p")
+# transformers applies temperature, then top-k, top-p, min-p; vLLM applies min-p before top-k/top-p.
+DEFAULT_ORDER = ("top_k", "top_p", "min_p")
+LOGITS = "logits"
+PROPOSE = "propose"
+PER_ROW_SEEDS = "per-row-seeds"
+STANDARD_REJECTION = "standard-rejection"
 
 
 class Verifier(Protocol):
@@ -58,11 +79,45 @@ class Model:
     name: str
     verify: Callable[..., Any]
     source: str = ""
-    # Capabilities a model declares (attribute ``spectest_capabilities``); reported in the header.
+    # Declared (attribute ``spectest_capabilities``) plus discovered ones; reported in the header.
     capabilities: frozenset[str] = field(default_factory=frozenset)
+    verify_logits: Callable[..., Any] | None = None
+    propose: Callable[..., Any] | None = None
+    filter_order: tuple[str, ...] = DEFAULT_ORDER
+    sampling_params: tuple[str, ...] = PARAMETERS
 
     def __str__(self) -> str:
         return self.name
+
+
+def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], module: Any = None) -> Model:
+    """A Model from a user's object: declared capabilities and options, plus discovered methods."""
+
+    def declared(attribute: str) -> Any:
+        value = getattr(obj, attribute, None)
+        return value if value is not None else getattr(module, attribute, None)
+
+    verify_logits = getattr(obj, "verify_logits", None)
+    propose = getattr(obj, "propose", None)
+    capabilities = set(declared("spectest_capabilities") or ())
+    capabilities |= {LOGITS} if callable(verify_logits) else set()
+    capabilities |= {PROPOSE} if callable(propose) else set()
+    order = tuple(declared("spectest_filter_order") or DEFAULT_ORDER)
+    supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
+    if sorted(order) != sorted(FILTERS):
+        raise ValueError(f"{name}: spectest_filter_order must list each of {FILTERS} once, got {order}")
+    if not set(supported) <= set(PARAMETERS) or "temperature" not in supported:
+        raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
+    return Model(
+        name=name,
+        verify=verify,
+        source=source,
+        capabilities=frozenset(capabilities),
+        verify_logits=verify_logits if callable(verify_logits) else None,
+        propose=propose if callable(propose) else None,
+        filter_order=order,
+        sampling_params=supported,
+    )
 
 
 def describe_inputs(draft_token_ids: torch.Tensor, target_probs: torch.Tensor) -> str:
@@ -109,17 +164,92 @@ def call_verify(
     """Call ``model`` and check every exact rule of the output; return the emitted ids."""
     __tracebackhide__ = True
     inputs = describe_inputs(draft_token_ids, target_probs)
+    emitted = guarded_call(
+        model, "verify", inputs, timeout, model.verify, draft_token_ids, draft_probs, target_probs, generator=generator
+    )
+    check_emitted(model.name, emitted, draft_token_ids, target_probs.shape[-1], inputs)
+    return emitted
+
+
+def guarded_call(model: Model, what: str, inputs: str, timeout: float | None, fn: Callable[..., Any], *args: Any,
+                 **kwargs: Any) -> Any:  # fmt: skip
+    """Call an implementation's method; its exceptions and hangs become ContractViolations."""
+    __tracebackhide__ = True
     try:
-        with time_limit(timeout, model.name, f"verify({inputs})"):
-            emitted = model.verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+        with time_limit(timeout, model.name, f"{what}({inputs})"):
+            return fn(*args, **kwargs)
     except ContractViolation:
         raise
     except Exception as exc:  # the implementation's own error: report it, don't crash the harness
         raise ContractViolation(
-            model.name, "does not raise", f"verify({inputs}) raised {type(exc).__name__}: {exc}"
+            model.name, "does not raise", f"{what}({inputs}) raised {type(exc).__name__}: {exc}"
         ) from exc
-    check_emitted(model.name, emitted, draft_token_ids, target_probs.shape[-1], inputs)
+
+
+def call_verify_logits(
+    model: Model,
+    draft_token_ids: torch.Tensor,
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    params: Any,
+    generator: torch.Generator,
+    *,
+    timeout: float | None = None,
+) -> torch.Tensor:
+    """``model.verify_logits`` under the same exact output rules as :func:`call_verify`."""
+    __tracebackhide__ = True
+    if model.verify_logits is None:
+        raise ContractViolation(model.name, "has verify_logits", "the model declares no verify_logits method")
+    inputs = describe_inputs(draft_token_ids, target_logits) + ", logits with sampling parameters"
+    emitted = guarded_call(
+        model, "verify_logits", inputs, timeout, model.verify_logits,
+        draft_token_ids, draft_logits, target_logits, params, generator=generator,
+    )  # fmt: skip
+    check_emitted(model.name, emitted, draft_token_ids, target_logits.shape[-1], inputs)
     return emitted
+
+
+def call_propose(
+    model: Model, draft_logits: torch.Tensor, params: Any, generator: torch.Generator, *, timeout: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.propose``: (draft_token_ids int64 [B, K] in [0, V), draft_probs [B, K, V], a
+    distribution per row and position), checked exactly."""
+    __tracebackhide__ = True
+    if model.propose is None:
+        raise ContractViolation(model.name, "has propose", "the model declares no propose method")
+    b, k, v = draft_logits.shape
+    inputs = f"B={b}, K={k}, V={v}, dtype={draft_logits.dtype}, device={draft_logits.device}"
+    out = guarded_call(model, "propose", inputs, timeout, model.propose, draft_logits, params, generator=generator)
+    rule = "propose returns (draft_token_ids int64 [B, K], draft_probs [B, K, V])"
+    import torch
+
+    if not (isinstance(out, tuple | list) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        raise ContractViolation(model.name, rule, f"got {type(out).__name__} for {inputs}")
+    tokens, probs = out
+    if tuple(tokens.shape) != (b, k) or tokens.dtype != torch.int64 or tuple(probs.shape) != (b, k, v):
+        raise ContractViolation(
+            model.name, rule,
+            f"got tokens {tuple(tokens.shape)} {tokens.dtype} and probs {tuple(probs.shape)} for {inputs}",
+        )  # fmt: skip
+    if tokens.device != draft_logits.device or probs.device != draft_logits.device:
+        raise ContractViolation(model.name, "output on the input device", f"inputs on {draft_logits.device}")
+    if bool(((tokens < 0) | (tokens >= v)).any()):
+        row, col = (int(i) for i in ((tokens < 0) | (tokens >= v)).nonzero()[0])
+        raise ContractViolation(
+            model.name, "drafted ids lie in [0, V)", f"row {row} slot {col} holds {int(tokens[row, col])} ({inputs})"
+        )
+    wide = probs.double()
+    tolerance = 1e-3 if probs.dtype in (torch.float32, torch.float64) else 2e-2
+    sums = wide.sum(-1)
+    bad = ~torch.isfinite(wide).all(-1) | (wide < 0).any(-1) | ((sums - 1).abs() > tolerance)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ContractViolation(
+            model.name, "draft_probs are distributions",
+            f"row {row} position {col}: sum {float(sums[row, col]):.6g}, min {float(wide[row, col].min()):.3g} "
+            f"({inputs})",
+        )  # fmt: skip
+    return tokens, probs
 
 
 def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab_size: int, inputs: str) -> None:

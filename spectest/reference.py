@@ -1,16 +1,21 @@
-"""The reference chain verifier: modified rejection sampling, vectorised over rows and positions.
+"""The reference sampler: modified rejection sampling, vectorised over rows and positions.
 
 It reads only what a verifier must: the K draft-token probabilities of p and q per row, and the
 two V-long rows that the one extra token needs (the residual at the first rejection, or the
 bonus row). No Python loop over rows or positions.
+
+``REFERENCE`` (the registered ``reference`` model) carries every optional capability: the
+chain ``verify``, ``verify_logits`` with per-row sampling parameters and per-row seeds, and
+``propose``. ``verify`` is also usable on its own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from spectest.protocol import PAD
-from spectest.sampling import sample_categorical
+from spectest.protocol import DEFAULT_ORDER, PAD
+from spectest.sampling import categorical_at, make_generator, sample_categorical
+from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
 spectest_capabilities = frozenset({"standard-rejection"})
 
@@ -25,11 +30,19 @@ def verify(
     """Accept draft i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit
     one token from norm(max(0, p - q)), or the bonus from target_probs[:, K] if all K pass."""
     batch, k = draft_token_ids.shape
+    u = torch.rand((batch, k), generator=generator, device=draft_token_ids.device, dtype=target_probs.dtype)
+    return verify_at(
+        draft_token_ids, draft_probs, target_probs, u, lambda weights: sample_categorical(weights, generator)
+    )
+
+
+def verify_at(draft_token_ids, draft_probs, target_probs, u, sample) -> torch.Tensor:
+    """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the extra token."""
+    batch, k = draft_token_ids.shape
     device = draft_token_ids.device
     ids = draft_token_ids.unsqueeze(-1)
     p_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)
     q_draft = draft_probs.gather(-1, ids).squeeze(-1)
-    u = torch.rand((batch, k), generator=generator, device=device, dtype=target_probs.dtype)
     # u < p/q without a division: exact when p >= q (always accepted) and when q = 0.
     accepted = u * q_draft < p_draft
     n_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
@@ -42,10 +55,62 @@ def verify(
     # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     residual = torch.where(empty, p_next, residual)
-    extra = sample_categorical(residual, generator)
+    extra = sample(residual)
 
     slots = torch.arange(k + 1, device=device)
     emitted = torch.full((batch, k + 1), PAD, dtype=torch.int64, device=device)
     emitted[:, :k] = torch.where(slots[:k] < n_accepted.unsqueeze(1), draft_token_ids, PAD)
     emitted[rows, n_accepted] = extra
     return emitted
+
+
+def row_uniforms(
+    params: SamplingParams, k: int, generator: torch.Generator, *, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Acceptance uniforms [B, K] and the extra token's uniform [B]. A row with a seed draws both
+    from its own generator seeded at this call, so its output depends on nothing else in the batch."""
+    batch = params.batch_size
+    u = torch.rand((batch, k), generator=generator, device=device, dtype=dtype)
+    v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
+    for row in (params.seed != NO_SEED).nonzero().flatten().tolist():
+        own = make_generator(int(params.seed[row]), device)
+        u[row] = torch.rand((k,), generator=own, device=device, dtype=dtype)
+        v[row] = torch.rand((1,), generator=own, device=device, dtype=torch.float64)[0]
+    return u, v
+
+
+class ReferenceSampler:
+    """The reference with every optional capability of the protocol (see the README)."""
+
+    spectest_capabilities = frozenset({"standard-rejection", "per-row-seeds"})
+    spectest_filter_order = DEFAULT_ORDER
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
+        return verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+    def verify_logits(
+        self,
+        draft_token_ids: torch.Tensor,
+        draft_logits: torch.Tensor,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """Process both sides with each row's parameters, then the chain; greedy rows fall out
+        of it (a one-hot p accepts exactly the argmax and corrects to it)."""
+        p = process_logits(target_logits, params, order=self.spectest_filter_order)
+        q = process_logits(draft_logits, params, order=self.spectest_filter_order)
+        k = draft_token_ids.shape[1]
+        u, v = row_uniforms(params, k, generator, device=draft_token_ids.device, dtype=p.dtype)
+        return verify_at(draft_token_ids, q, p, u, lambda weights: categorical_at(weights, v))
+
+    def propose(
+        self, draft_logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft tokens sampled from the processed draft distribution, and that distribution."""
+        q = process_logits(draft_logits, params, order=self.spectest_filter_order)
+        return sample_categorical(q, generator), q
+
+
+REFERENCE = ReferenceSampler()

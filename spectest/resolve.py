@@ -16,10 +16,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from spectest.protocol import Model
+from spectest.protocol import Model, build_model
 
 ENTRY_POINT_GROUP = "spectest.models"
-BUILTIN_MODELS = {"reference": "spectest.reference:verify"}
+BUILTIN_MODELS = {"reference": "spectest.reference:REFERENCE"}
 REQUIRED_PARAMETERS = ("draft_token_ids", "draft_probs", "target_probs")
 
 
@@ -56,10 +56,10 @@ def resolve_model(spec: str) -> Model:
         except AttributeError:
             raise ModelSpecError(f"--spec-model {spec!r}: {location!r} has no attribute {attr_path!r}") from None
     verify = verify_callable(spec, obj)
-    capabilities = frozenset(
-        getattr(obj, "spectest_capabilities", None) or getattr(module, "spectest_capabilities", None) or ()
-    )
-    return Model(name=display_name(spec), verify=verify, source=spec, capabilities=capabilities)
+    try:
+        return build_model(display_name(spec), spec, obj, verify, module)
+    except ValueError as exc:
+        raise ModelSpecError(f"--spec-model {spec!r}: {exc}") from None
 
 
 def display_name(spec: str) -> str:

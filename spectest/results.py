@@ -4,7 +4,8 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
 
 * ``schema``: "spectest.results/1"
 * ``environment``: package versions, torch and CUDA versions, device name, git commit (null when
-  not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601)
+  not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601),
+  ``models`` [{name, source, capabilities, filter_order, sampling_params}]
 * ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
   (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated)
 * ``checks``: one entry per distribution check: ``model``, ``property``, ``check``, ``method``,
@@ -63,6 +64,14 @@ RESULTS_SCHEMA: dict[str, Any] = {
                 "tolerance": {"type": "number"},
                 "git_commit": {"type": ["string", "null"]},
                 "command": {"type": "array", "items": {"type": "string"}},
+                "models": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "source", "capabilities"],
+                        "properties": {"capabilities": {"type": "array", "items": {"type": "string"}}},
+                    },
+                },
             },
         },
         "tests": {
@@ -143,6 +152,17 @@ def environment(*, device: str, seed: int, alpha: float, budget: str, tolerance:
         else:
             info["device_name"] = platform.processor() or platform.machine()
     return info
+
+
+def describe_model(model: Any) -> dict[str, Any]:
+    """What the results file says about a model: its name, source and capabilities."""
+    return {
+        "name": model.name,
+        "source": model.source,
+        "capabilities": sorted(model.capabilities),
+        "filter_order": list(model.filter_order),
+        "sampling_params": list(model.sampling_params),
+    }
 
 
 def split_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

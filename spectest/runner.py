@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from spectest.checks import DistributionCheck
 from spectest.plugin import MARKER, RESULT_KEY, SpecSession, examples_for
 from spectest.profiles import profile_for_budget
-from spectest.protocol import ContractViolation, Model, call_verify
+from spectest.protocol import ContractViolation, Model, call_propose, call_verify, call_verify_logits
 from spectest.sampling import make_generator
+from spectest.sampling_params import SamplingParams
 from spectest.stats import FitResult
 
 
@@ -99,6 +100,29 @@ class PropertyRun:
         return call_verify(
             self.model, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
         )
+
+    def verify_logits(
+        self,
+        draft_token_ids: torch.Tensor,
+        draft_logits: torch.Tensor,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        return call_verify_logits(
+            self.model, draft_token_ids, draft_logits, target_logits, params, generator, timeout=self.session.timeout
+        )
+
+    def propose(
+        self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)
+
+    def require_capability(self, *capabilities: str) -> None:
+        """Skip (with the reason) a property the model has not declared it supports."""
+        missing = [c for c in capabilities if c not in self.model.capabilities]
+        if missing:
+            pytest.skip(f"{self.model.name} does not have capability {', '.join(missing)} (see the README's protocol)")
 
     def require(self, ok: bool, rule: str, detail: str) -> None:
         """An exact check: fail naming the model and the rule."""

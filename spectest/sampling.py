@@ -22,6 +22,12 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> tor
     return RepeatedCategorical(weights).sample(1, generator)[0]
 
 
+def categorical_at(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw of each row of ``weights`` [..., V] at the given uniforms ``u`` [...]
+    (for samplers whose uniforms come from per-row generators)."""
+    return RepeatedCategorical(weights).at(u.reshape(-1, 1).to(torch.float64))[0]
+
+
 class RepeatedCategorical:
     """Many draws from the same rows of probabilities: the CDF is built once, each draw costs a
     binary search (the harness's repeated-batch checks draw drafts this way)."""
@@ -37,6 +43,10 @@ class RepeatedCategorical:
         """[repeats, *shape] draws; repeat r of row i is independent of every other draw."""
         rows = self.cdf.shape[0]
         u = torch.rand((rows, repeats), generator=generator, device=self.cdf.device, dtype=torch.float64)
+        return self.at(u)
+
+    def at(self, u: torch.Tensor) -> torch.Tensor:
+        """The draws [repeats, *shape] at uniforms ``u`` [rows, repeats] (float64, in [0, 1))."""
         idx = torch.searchsorted(self.cdf, u * self.cdf[:, -1:], right=True)
         idx = torch.minimum(idx, self.last_positive)
-        return idx.T.reshape(repeats, *self.shape)
+        return idx.T.reshape(u.shape[1], *self.shape)

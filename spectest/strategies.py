@@ -145,3 +145,14 @@ def build_chain(case: ChainCase) -> tuple[np.ndarray, np.ndarray]:
     """Target [B, K+1, V] and draft [B, K, V] probabilities (float64) for a case."""
     rng = np.random.default_rng(case.seed)
     return pair_batch(rng, case.batch, case.k, case.vocab, list(case.kinds))
+
+
+# Logits-level cases (sampling parameters) live in their own module; re-exported here.
+from spectest.logits_cases import LogitsCase, LogitsInputs, build_logits, logits_cases  # noqa: E402
+from spectest.sampling_params import SamplingParams  # noqa: E402
+
+__all__ = [
+    "TILE_EDGES", "ChainCase", "LogitsCase", "LogitsInputs", "MarkovCase", "SamplingParams", "batch_sizes",
+    "build_chain", "build_logits", "chain_cases", "draft_lengths", "kind_pairs", "logits_cases", "markov_cases",
+    "max_length", "seeds", "vocab_sizes",
+]  # fmt: skip

@@ -10,26 +10,65 @@ import pytest
 
 from tests.runner_helpers import Run, run_pytest
 
-VERIFIERS = Path(__file__).resolve().parent / "verifiers"
+REPO = Path(__file__).resolve().parent.parent
+VERIFIERS = REPO / "tests" / "verifiers"
 CORRECT = ["reference", "exponential_race", "ignores_draft_probs", "as_object"]
-PROPERTIES = 8  # tests in properties/ besides the wall-clock speed property (each runs once per model)
+# Logits-level controls (their chain verify is one of the above), run on the sampling properties.
+CORRECT_LOGITS = ["reference", "one_hot_draft_logits", "min_p_first", "propose_with_chain_verify"]
+PROPERTIES = 13  # tests in properties/ besides the wall-clock speed property (each runs once per model)
 NOT_SPEED = ["-m", "not spec_speed"]  # the speed property's stability is measured on its own (README)
+SAMPLING = "properties/test_sampling_params.py"
+# property -> capabilities it needs (a model without them must skip it, saying why)
+NEEDS = {
+    "test_logits_rows_follow_the_processed_target": {"logits"},
+    "test_greedy_rows_equal_greedy_decoding": {"logits"},
+    "test_drafts_follow_the_reported_probs": {"propose"},
+    "test_propose_then_verify_is_lossless": {"propose"},
+    "test_seeded_rows_ignore_the_rest_of_the_batch": {"logits", "per-row-seeds"},
+}
+CAPABILITIES = {
+    "reference": {"logits", "propose", "per-row-seeds"},
+    "one_hot_draft_logits": {"logits"},
+    "min_p_first": {"logits", "propose", "per-row-seeds"},
+    "propose_with_chain_verify": {"propose"},
+}
 
 
-def _load_buggy():
-    spec = importlib.util.spec_from_file_location("spectest_meta_buggy", VERIFIERS / "buggy.py")
+def _load(file: str):
+    spec = importlib.util.spec_from_file_location(f"spectest_meta_{Path(file).stem}", VERIFIERS / file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-BUGS = _load_buggy().BUGS
+BUGS = _load("buggy.py").BUGS
+LOGITS_BUGS = _load("buggy_logits.py").BUGS
 
 
 def model_arg(name: str) -> str:
-    return (
-        name if name == "reference" else str(VERIFIERS / ("correct.py" if name in CORRECT else "buggy.py")) + f":{name}"
+    if name == "reference":
+        return name
+    file = (
+        "correct.py" if name in CORRECT + CORRECT_LOGITS else "buggy_logits.py" if name in LOGITS_BUGS else "buggy.py"
     )
+    return f"{VERIFIERS / file}:{name}"
+
+
+def expected_outcome(model: str, prop: str) -> str:
+    """passed, or skipped where the model lacks a capability the property needs."""
+    return "passed" if NEEDS.get(prop, set()) <= CAPABILITIES.get(model, set()) else "skipped"
+
+
+def assert_all_as_expected(run: Run, models: list[str]) -> None:
+    wrong = {
+        key: (o.outcome, o.text[-2000:])
+        for key, o in run.results.items()
+        if o.outcome != expected_outcome(key[0].rpartition(":")[2], key[1])
+    }
+    assert not wrong, (
+        f"correct samplers did not pass (or skip for a missing capability):\n{wrong}\n{run.output[-3000:]}"
+    )
+    assert run.returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -39,24 +78,44 @@ def buggy_run(tmp_path_factory) -> Run:
     return run_pytest([*args, "--spec-no-shrink", *NOT_SPEED], tmp_path_factory.mktemp("buggy"))
 
 
+@pytest.fixture(scope="module")
+def buggy_logits_run(tmp_path_factory) -> Run:
+    """Every buggy logits-level sampler through one real run of the sampling-parameter properties."""
+    args = [a for name in LOGITS_BUGS for a in ("--spec-model", model_arg(name))]
+    return run_pytest([*args, "--spec-no-shrink", str(REPO / SAMPLING)], tmp_path_factory.mktemp("buggy_logits"))
+
+
+def assert_caught(run: Run, model: str, must_fail: tuple[str, ...], text: str) -> None:
+    for prop in must_fail:
+        outcome, report = astuple(run.results[(model, prop)])
+        assert outcome == "failed", f"{model} should fail {prop}, but it {outcome}"
+        assert model in report, f"the failure of {prop} should name the implementation {model}"
+        assert text in report, f"the failure of {prop} for {model} should say {text!r}; it says:\n{report[-3000:]}"
+
+
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_buggy_verifier_fails_the_right_properties(buggy_run, bug):
-    must_fail, text = BUGS[bug]
-    model = f"buggy.py:{bug}"
-    for prop in must_fail:
-        outcome, report = astuple(buggy_run.results[(model, prop)])
-        assert outcome == "failed", f"{bug} should fail {prop}, but it {outcome}"
-        assert model in report, f"the failure of {prop} should name the implementation {model}"
-        assert text in report, f"the failure of {prop} for {bug} should say {text!r}; it says:\n{report[-3000:]}"
+    assert_caught(buggy_run, f"buggy.py:{bug}", *BUGS[bug])
+
+
+@pytest.mark.parametrize("bug", sorted(LOGITS_BUGS))
+def test_buggy_logits_sampler_fails_the_right_properties(buggy_logits_run, bug):
+    assert_caught(buggy_logits_run, f"buggy_logits.py:{bug}", *LOGITS_BUGS[bug])
 
 
 def test_correct_verifiers_pass_everything(tmp_path):
     args = [a for name in CORRECT for a in ("--spec-model", model_arg(name))]
     run = run_pytest([*args, *NOT_SPEED], tmp_path)
-    failed = {key: o.text[-2000:] for key, o in run.results.items() if o.outcome != "passed"}
-    assert not failed, f"correct verifiers failed:\n{failed}\n{run.output[-3000:]}"
+    assert_all_as_expected(run, CORRECT)
     assert len(run.results) == PROPERTIES * len(CORRECT), run.output[-3000:]
-    assert run.returncode == 0
+
+
+def test_correct_logits_samplers_pass_the_sampling_properties(tmp_path):
+    """Reference, one-hot-draft control, vLLM's filter order, and propose paired with verify."""
+    args = [a for name in CORRECT_LOGITS for a in ("--spec-model", model_arg(name))]
+    run = run_pytest([*args, str(REPO / SAMPLING)], tmp_path)
+    assert_all_as_expected(run, CORRECT_LOGITS)
+    assert len(run.results) == len(NEEDS) * len(CORRECT_LOGITS), run.output[-3000:]
 
 
 @pytest.mark.slow
@@ -65,5 +124,8 @@ def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Twenty seeds, default budget, all four correct verifiers: a correct sampler never fails."""
     args = [a for name in CORRECT for a in ("--spec-model", model_arg(name))]
     run = run_pytest([*args, "--spec-seed", str(seed), *NOT_SPEED], tmp_path)
-    failed = {key: o.text[-2000:] for key, o in run.results.items() if o.outcome != "passed"}
-    assert not failed and run.returncode == 0, f"seed {seed}: {failed}"
+    assert_all_as_expected(run, CORRECT)
+    args = [a for name in CORRECT_LOGITS[1:] for a in ("--spec-model", model_arg(name))]
+    assert_all_as_expected(
+        run_pytest([*args, "--spec-seed", str(seed), str(REPO / SAMPLING)], tmp_path), CORRECT_LOGITS
+    )

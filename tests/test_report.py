@@ -45,6 +45,8 @@ def test_results_file_follows_its_schema(failing_run):
     document = json.loads((failing_run / "results.json").read_text())
     jsonschema.validate(document, results.RESULTS_SCHEMA)
     assert document["environment"]["packages"]["torch"] and document["environment"]["seed"] >= 0
+    models = {m["name"]: m for m in document["environment"]["models"]}
+    assert {"logits", "propose", "per-row-seeds"} <= set(models["reference"]["capabilities"])
     assert {t["model"] for t in document["tests"]} == {"reference", "buggy.py:accept_all"}
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 
 from spectest.protocol import PAD
+from spectest.reference import REFERENCE, ReferenceSampler
 from spectest.reference import verify as reference_verify
 from spectest.sampling import sample_categorical
+from spectest.sampling_params import process_logits
 
 
 def _assemble(draft_token_ids: torch.Tensor, n_accepted: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
@@ -63,3 +65,38 @@ class VerifierObject:
 
 
 as_object = VerifierObject()
+
+
+class OneHotDraftLogits:
+    """Logits-level control that treats the draft as one-hot: accepts d with probability p(d)
+    under the processed target, on rejection samples that target without d. Lossless for any draft."""
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
+        return ignores_draft_probs(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+    def verify_logits(self, draft_token_ids, draft_logits, target_logits, params, *, generator):
+        target = process_logits(target_logits, params)
+        return ignores_draft_probs(draft_token_ids, target[:, :-1], target, generator=generator)
+
+
+class MinPFirst(ReferenceSampler):
+    """The reference with vLLM's filter order (min-p before top-k and top-p), declared."""
+
+    spectest_filter_order = ("min_p", "top_k", "top_p")
+
+
+class ProposeWithChainVerify:
+    """A drafter plus a probability-level verifier: the harness pairs propose with verify."""
+
+    spectest_capabilities = frozenset({"standard-rejection"})
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
+        return reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+    def propose(self, draft_logits, params, *, generator):
+        return REFERENCE.propose(draft_logits, params, generator=generator)
+
+
+one_hot_draft_logits = OneHotDraftLogits()
+min_p_first = MinPFirst()
+propose_with_chain_verify = ProposeWithChainVerify()

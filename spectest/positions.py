@@ -1,0 +1,88 @@
+"""Per-row, per-position exactness of repeated verify calls, shared by the chain and logits suites.
+
+Every row and position of a batch has its own (p, q); the batch is handed to the verifier many
+copies at a time with fresh drafts, and the emitted token at each (row, position) is tested
+against p there, weighted by how often that position is reached (standard rejection sampling
+reaches position i with probability prod_{j<i} sum min(p_j, q_j)). Tokens of target
+probability zero are an exact failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from spectest.checks import token_id_orders
+from spectest.protocol import PAD
+
+if TYPE_CHECKING:
+    from spectest.runner import PropertyRun
+
+# reps -> emitted [reps * B, K + 1] for reps fresh copies of the batch (copy r of row b at r * B + b)
+RepeatedCall = Callable[[int], torch.Tensor]
+
+
+def ratio_order(p: np.ndarray, q: np.ndarray | None) -> np.ndarray:
+    """Pool tokens by draft/target ratio (then p): most bugs move mass along that ratio."""
+    if q is None:
+        return np.argsort(p, kind="stable")
+    ratio = np.divide(q, p, out=np.full_like(p, np.inf), where=p > 0)
+    return np.lexsort((p, ratio))
+
+
+def reach_probabilities(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """P(position i is emitted) under standard rejection sampling: prod_{j<i} sum min(p_j, q_j)."""
+    acceptance = np.minimum(target[:, :-1], draft).sum(-1)
+    ones = np.ones((target.shape[0], 1))
+    return np.concatenate([ones, np.cumprod(acceptance, axis=1)], axis=1)
+
+
+def check_every_position(
+    spec: PropertyRun,
+    target: np.ndarray,
+    draft: np.ndarray,
+    call: RepeatedCall,
+    *,
+    seed: int,
+    case: str,
+    row_labels: Sequence[str] | None = None,
+    max_case_elements: int,
+    max_call_elements: int,
+) -> None:
+    """Test every (row, position) of ``call``'s output against ``target`` [B, K+1, V] (float64);
+    ``draft`` [B, K, V] is the distribution the call's drafts come from (it sets the reach of
+    each position, hence the plan); ``case`` describes the inputs for messages."""
+    __tracebackhide__ = True
+    started = time.perf_counter()
+    b, k1, v = target.shape
+    k = k1 - 1
+    per_rep = b * (2 * k + 1) * v
+    row_labels = row_labels or [""] * b
+    check = spec.distribution(
+        "per-row, per-position distribution", target.reshape(b * k1, v), case_seed=seed,
+        reach=reach_probabilities(target, draft).ravel(), min_draws=20,
+        max_draws=max(20, max_case_elements // per_rep),
+        views={
+            "by draft/target ratio": [
+                ratio_order(target[r, i], draft[r, i] if i < k else None) for r in range(b) for i in range(k1)
+            ],
+            "by token id": token_id_orders(b * k1, v),
+        },
+        labels=[f"row {r}{row_labels[r]} pos {i}: " for r in range(b) for i in range(k1)],
+    )  # fmt: skip
+    slots = torch.arange(k1, device=spec.device)
+    while not check.done:
+        reps = check.next_batch(max(1, max_call_elements // per_rep))
+        emitted = call(reps)
+        present = emitted != PAD
+        rows = torch.arange(b, device=spec.device).repeat(reps).unsqueeze(1)
+        cell = (rows * k1 + slots) * v + emitted.clamp_min(0)
+        counts = torch.bincount(cell[present], minlength=b * k1 * v)
+        check.add(counts.view(b * k1, v).cpu().numpy(), reps)
+        spec.require_possible(check, lambda g, c: f"row {g // k1} position {g % k1} token {c}", case)
+    context = f"{check.draws} draws of each of {b} rows, every row and position different, {case}"
+    spec.conclude(check, context=context, started=started)

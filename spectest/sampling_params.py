@@ -1,0 +1,195 @@
+"""Per-row sampling parameters, and the distribution plain sampling with them gives.
+
+Engines hand the verifier logits plus per-request parameters, not clean probabilities. The
+*processed* distribution of a row is what ordinary (non-speculative) sampling with that row's
+parameters draws from: ``softmax(logits / temperature)``, then each filter in the model's
+declared order, renormalising after each; temperature 0 means greedy (one-hot at the first
+argmax of the raw logits). Speculative output must follow the processed target exactly.
+
+Conventions (one tensor of length B per parameter):
+
+* ``temperature``: float, 0 means greedy.
+* ``top_k``: int, keep the k most likely tokens; 0 (or >= V) means off.
+* ``top_p``: float, keep the smallest most-likely set whose mass reaches top_p; 1 means off.
+* ``min_p``: float, keep tokens with probability >= min_p * the row's top probability; 0 means off.
+* ``seed``: int, a row's own random stream (capability ``per-row-seeds``); -1 means none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+import torch
+
+from spectest.protocol import DEFAULT_ORDER, FILTERS, PARAMETERS
+
+__all__ = ["DEFAULT_ORDER", "FILTERS", "PARAMETERS", "SamplingParams", "process_logits"]
+
+NO_SEED = -1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling parameters per row of a batch (see the module docstring)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    seed: torch.Tensor
+
+    @classmethod
+    def build(
+        cls,
+        batch: int,
+        *,
+        temperature: float | Iterable[float] = 1.0,
+        top_k: int | Iterable[int] = 0,
+        top_p: float | Iterable[float] = 1.0,
+        min_p: float | Iterable[float] = 0.0,
+        seed: int | Iterable[int] = NO_SEED,
+        device: torch.device | str = "cpu",
+    ) -> SamplingParams:
+        """Parameters for ``batch`` rows: a scalar applies to every row, an iterable gives one per row."""
+
+        def column(value: float | Iterable[float], dtype: torch.dtype) -> torch.Tensor:
+            if isinstance(value, int | float):
+                return torch.full((batch,), value, dtype=dtype, device=device)
+            tensor = torch.as_tensor(list(value), dtype=dtype, device=device)
+            if tensor.shape != (batch,):
+                raise ValueError(f"expected {batch} values, got shape {tuple(tensor.shape)}")
+            return tensor
+
+        params = cls(
+            temperature=column(temperature, torch.float32),
+            top_k=column(top_k, torch.int64),
+            top_p=column(top_p, torch.float32),
+            min_p=column(min_p, torch.float32),
+            seed=column(seed, torch.int64),
+        )
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        """Reject values no sampler could honour (negative temperature, top_p outside (0, 1], ...)."""
+        b = self.batch_size
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, torch.Tensor) or value.shape != (b,):
+                raise ValueError(f"SamplingParams.{f.name} must be a tensor of shape [{b}]")
+        if not bool(torch.isfinite(self.temperature).all()) or bool((self.temperature < 0).any()):
+            raise ValueError("temperature must be finite and >= 0 (0 means greedy)")
+        if bool((self.top_k < 0).any()):
+            raise ValueError("top_k must be >= 0 (0 means off)")
+        if bool(((self.top_p <= 0) | (self.top_p > 1)).any()):
+            raise ValueError("top_p must lie in (0, 1] (1 means off)")
+        if bool(((self.min_p < 0) | (self.min_p > 1)).any()):
+            raise ValueError("min_p must lie in [0, 1] (0 means off)")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.temperature.shape[0])
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self.temperature == 0
+
+    def map(self, fn) -> SamplingParams:
+        return SamplingParams(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> SamplingParams:
+        return self.map(lambda t: t.to(device))
+
+    def repeat(self, times: int) -> SamplingParams:
+        """``times`` copies stacked (copy r of row b is row r * B + b), as the harness repeats inputs."""
+        return self.map(lambda t: t.repeat(times))
+
+    def take(self, rows: torch.Tensor) -> SamplingParams:
+        return self.map(lambda t: t[rows.to(t.device)])
+
+    @classmethod
+    def cat(cls, parts: Iterable[SamplingParams]) -> SamplingParams:
+        """Batches stacked one after another."""
+        parts = list(parts)
+        return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+    def clone(self) -> SamplingParams:
+        return self.map(torch.clone)
+
+    def equal(self, other: SamplingParams) -> bool:
+        return all(torch.equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+    def describe_row(self, row: int) -> str:
+        if float(self.temperature[row]) == 0:
+            text = "greedy"
+        else:
+            parts = [f"T={float(self.temperature[row]):.3g}"]
+            if 0 < int(self.top_k[row]):
+                parts.append(f"top_k={int(self.top_k[row])}")
+            if float(self.top_p[row]) < 1:
+                parts.append(f"top_p={float(self.top_p[row]):.4g}")
+            if float(self.min_p[row]) > 0:
+                parts.append(f"min_p={float(self.min_p[row]):.4g}")
+            text = " ".join(parts)
+        return text + (f" seed={int(self.seed[row])}" if int(self.seed[row]) != NO_SEED else "")
+
+
+def validate_order(order: Iterable[str]) -> tuple[str, ...]:
+    order = tuple(order)
+    if sorted(order) != sorted(FILTERS):
+        raise ValueError(f"a filter order must list each of {FILTERS} once, got {order}")
+    return order
+
+
+def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, 1, 1] in ``like``'s dtype, to broadcast over positions and vocabulary."""
+    return values.to(device=like.device, dtype=like.dtype).view(-1, *([1] * (like.dim() - 1)))
+
+
+def keep_top_k(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Tokens at least as likely as the k-th most likely (every row here has 0 < k < V)."""
+    k = top_k.view(-1, *([1] * (probs.dim() - 1))).expand(*probs.shape[:-1], 1)
+    largest = probs.topk(int(top_k.max()), dim=-1).values
+    return probs >= largest.gather(-1, k - 1)
+
+
+def keep_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The smallest most-likely set whose mass reaches top_p: a token stays if the mass strictly
+    before it (in descending order) is below top_p."""
+    ordered, order = probs.sort(dim=-1, descending=True)
+    before = ordered.cumsum(dim=-1) - ordered
+    keep_sorted = before < _per_row(top_p, probs)
+    return torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def keep_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    top = probs.amax(dim=-1, keepdim=True)
+    return probs >= _per_row(min_p, probs) * top
+
+
+KEEP = {"top_k": keep_top_k, "top_p": keep_top_p, "min_p": keep_min_p}
+
+
+def filter_active(name: str, values: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Rows where a filter changes anything (0 < top_k < V, top_p < 1, min_p > 0)."""
+    if name == "top_k":
+        return (values > 0) & (values < vocab)
+    return values < 1 if name == "top_p" else values > 0
+
+
+def process_logits(
+    logits: torch.Tensor, params: SamplingParams, *, order: Iterable[str] = DEFAULT_ORDER
+) -> torch.Tensor:
+    """The processed distribution [B, N, V] of logits [B, N, V] (float math in logits' dtype)."""
+    greedy = params.greedy.to(logits.device)
+    temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+    probs = torch.softmax(logits / _per_row(temperature, logits), dim=-1)
+    for name in validate_order(order):
+        values = getattr(params, name).to(logits.device)
+        rows = (filter_active(name, values, logits.shape[-1]) & ~greedy).nonzero().flatten()
+        if rows.numel():  # filter only the rows that use it: the sorts dominate the cost
+            kept = probs[rows] * KEEP[name](probs[rows], values[rows])
+            probs = probs.index_copy(0, rows, kept / kept.sum(dim=-1, keepdim=True))
+    argmax = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(probs.dtype)
+    return torch.where(_per_row(greedy, probs).bool(), argmax, probs)

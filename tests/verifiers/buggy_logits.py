@@ -1,0 +1,197 @@
+"""Deliberately buggy logits-level samplers, each modelled on a bug engines shipped.
+
+Each is :class:`Textbook` (correct: processes both sides with each row's parameters, then the
+reference chain) with one step replaced. Their chain ``verify`` is correct, so only the
+sampling-parameter properties can catch them: ``pytest --spec-model
+tests/verifiers/buggy_logits.py:temperature_target_only properties/test_sampling_params.py``.
+``BUGS`` maps each name to the properties that must catch it and the text the failure must say.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectest.reference import row_uniforms, verify_at
+from spectest.reference import verify as chain_verify
+from spectest.sampling import categorical_at, sample_categorical
+from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
+
+
+def without(params: SamplingParams, name: str) -> SamplingParams:
+    """The parameters with one of them switched off."""
+    off = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}[name]
+    value = getattr(params, name)
+    if name == "temperature":  # greedy stays greedy; only sampled rows lose their temperature
+        changed = torch.where(value > 0, torch.ones_like(value), value)
+    else:
+        changed = torch.full_like(value, off)
+    return SamplingParams(**{**params.__dict__, name: changed})
+
+
+class Textbook:
+    """Correct logits-level sampler whose steps the bugs below override one at a time."""
+
+    spectest_capabilities = frozenset({"standard-rejection", "per-row-seeds"})
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
+        return chain_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+    # Steps of verify_logits.
+    def verify_params(self, params: SamplingParams) -> SamplingParams:
+        return params
+
+    def target_side(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        return process_logits(logits, params)
+
+    def draft_side(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        return process_logits(logits, params)
+
+    def uniforms(self, params: SamplingParams, k: int, generator: torch.Generator, device, dtype):
+        return row_uniforms(params, k, generator, device=device, dtype=dtype)
+
+    def verify_logits(self, draft_token_ids, draft_logits, target_logits, params, *, generator):
+        params = self.verify_params(params)
+        p = self.target_side(target_logits, params)
+        q = self.draft_side(draft_logits, params)
+        u, v = self.uniforms(params, draft_token_ids.shape[1], generator, draft_token_ids.device, p.dtype)
+        return verify_at(draft_token_ids, q, p, u, lambda weights: categorical_at(weights, v))
+
+    # The drafting side (a separate piece of code in an engine: correct unless a bug says so).
+    def propose(self, draft_logits, params, *, generator):
+        q = process_logits(draft_logits, params)
+        return sample_categorical(q, generator), q
+
+
+class TemperatureTargetOnly(Textbook):
+    """The verifier's q ignores temperature (the drafter applied it)."""
+
+    def draft_side(self, logits, params):
+        return process_logits(logits, without(params, "temperature"))
+
+
+class TemperatureDraftOnly(Textbook):
+    """The verifier's p ignores temperature (sampled rows verified at temperature 1)."""
+
+    def target_side(self, logits, params):
+        return process_logits(logits, without(params, "temperature"))
+
+
+class TopKTargetOnly(Textbook):
+    """Top-k applied to p but not to the q in the ratio."""
+
+    def draft_side(self, logits, params):
+        return process_logits(logits, without(params, "top_k"))
+
+
+class TopPDraftOnly(Textbook):
+    """Top-p applied to q but not to p: tokens top-p forbids can be emitted."""
+
+    def target_side(self, logits, params):
+        return process_logits(logits, without(params, "top_p"))
+
+
+class MinPTargetOnly(Textbook):
+    """Min-p applied to p but not to the q in the ratio."""
+
+    def draft_side(self, logits, params):
+        return process_logits(logits, without(params, "min_p"))
+
+
+class FilteredDraftsUnfilteredQ(Textbook):
+    """Drafts sampled from the filtered distribution, the ratio taken with temperature-only q."""
+
+    def draft_side(self, logits, params):
+        return process_logits(logits, without(without(without(params, "top_k"), "top_p"), "min_p"))
+
+
+class ArgmaxDrafts(Textbook):
+    """The drafter takes the argmax but reports the soft (sampled-from) q."""
+
+    def propose(self, draft_logits, params, *, generator):
+        q = process_logits(draft_logits, params)
+        return q.argmax(dim=-1), q
+
+
+class GreedyDividesByZero(Textbook):
+    """Divides logits by the temperature before checking for greedy rows (0 gives inf/NaN)."""
+
+    def target_side(self, logits, params):
+        scaled = logits / params.temperature.to(logits.dtype).view(-1, 1, 1)
+        return process_logits(
+            scaled, SamplingParams(**{**params.__dict__, "temperature": torch.ones_like(params.temperature)})
+        )
+
+    draft_side = target_side
+
+
+class RandomRowsVerifiedGreedily(Textbook):
+    """One greedy row switches the whole batch to greedy verification."""
+
+    def verify_params(self, params):
+        if bool(params.greedy.any()):
+            return SamplingParams(**{**params.__dict__, "temperature": torch.zeros_like(params.temperature)})
+        return params
+
+
+class ParamsShiftedByOneRow(Textbook):
+    """Row i is verified with the parameters of row i - 1."""
+
+    def verify_params(self, params):
+        return params.map(lambda t: t.roll(1))
+
+
+class Row0SeedForEveryRow(Textbook):
+    """Every seeded row draws from a generator seeded with row 0's seed."""
+
+    def uniforms(self, params, k, generator, device, dtype):
+        seeds = torch.where(params.seed != NO_SEED, params.seed[0], params.seed)
+        return row_uniforms(
+            SamplingParams(**{**params.__dict__, "seed": seeds}), k, generator, device=device, dtype=dtype
+        )
+
+
+class IgnoresRowSeeds(Textbook):
+    """Declares per-row seeds but draws every row from the call's generator."""
+
+    def uniforms(self, params, k, generator, device, dtype):
+        u = torch.rand((params.batch_size, k), generator=generator, device=device, dtype=dtype)
+        return u, torch.rand((params.batch_size,), generator=generator, device=device, dtype=torch.float64)
+
+
+temperature_target_only = TemperatureTargetOnly()
+temperature_draft_only = TemperatureDraftOnly()
+top_k_target_only = TopKTargetOnly()
+top_p_draft_only = TopPDraftOnly()
+min_p_target_only = MinPTargetOnly()
+filtered_drafts_unfiltered_q = FilteredDraftsUnfilteredQ()
+argmax_drafts = ArgmaxDrafts()
+greedy_divides_by_zero = GreedyDividesByZero()
+random_rows_verified_greedily = RandomRowsVerifiedGreedily()
+params_shifted_by_one_row = ParamsShiftedByOneRow()
+row0_seed_for_every_row = Row0SeedForEveryRow()
+ignores_row_seeds = IgnoresRowSeeds()
+
+EXACT = "test_logits_rows_follow_the_processed_target"
+GREEDY = "test_greedy_rows_equal_greedy_decoding"
+HONEST = "test_drafts_follow_the_reported_probs"
+LOSSLESS = "test_propose_then_verify_is_lossless"
+SEEDS = "test_seeded_rows_ignore_the_rest_of_the_batch"
+NOT_TARGET = "not distributed as the target"
+SEED_RULE = "depends only on the row and its seed"
+
+# name -> (properties that must fail, text the failure must contain)
+BUGS: dict[str, tuple[tuple[str, ...], str]] = {
+    # A wrong p can put mass where the processed target has none: statistical or exact failure.
+    "temperature_target_only": ((EXACT, LOSSLESS), NOT_TARGET),
+    "temperature_draft_only": ((EXACT, LOSSLESS), ""),
+    "top_k_target_only": ((EXACT, LOSSLESS), NOT_TARGET),
+    "top_p_draft_only": ((EXACT, LOSSLESS), "target probability 0"),
+    "min_p_target_only": ((EXACT, LOSSLESS), NOT_TARGET),
+    "filtered_drafts_unfiltered_q": ((EXACT, LOSSLESS), NOT_TARGET),
+    "argmax_drafts": ((HONEST, LOSSLESS), "not distributed as the"),
+    "greedy_divides_by_zero": ((GREEDY,), ""),
+    "random_rows_verified_greedily": ((EXACT,), ""),
+    "params_shifted_by_one_row": ((EXACT, GREEDY), ""),
+    "row0_seed_for_every_row": ((SEEDS,), SEED_RULE),
+    "ignores_row_seeds": ((SEEDS,), SEED_RULE),
+}
