@@ -2,7 +2,8 @@
 
 The public surface; the modules underneath each do one job: ``chain`` (tokens per pass in
 closed form), ``speed`` (cost, speedup, break-even), ``markov`` (exact context-dependent chains
-and the maximal-coupling bound) and ``montecarlo`` (the sampling twin that cross-checks them).
+and the maximal-coupling bound), ``text`` (the exact chain along a real text's per-token
+acceptances) and ``montecarlo`` (the sampling twin that cross-checks them).
 """
 
 from simulators.chain import (
@@ -21,6 +22,7 @@ from simulators.speed import (
     optimal_k,
     speedup,
 )
+from simulators.text import expected_passes, pass_starts, slot_acceptance, tokens_per_pass_along
 
 __all__ = [
     "CostModel",
@@ -29,10 +31,14 @@ __all__ = [
     "acceptance_for_tokens_per_pass",
     "acceptance_probability",
     "break_even_acceptance",
+    "expected_passes",
     "expected_tokens_iid",
     "operations_factor",
     "optimal_k",
+    "pass_starts",
+    "slot_acceptance",
     "speedup",
     "tokens_per_pass",
+    "tokens_per_pass_along",
     "tokens_per_pass_iid",
 ]

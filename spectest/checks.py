@@ -16,6 +16,7 @@ with probability at most ``alpha`` whatever happens.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,10 +59,13 @@ class DistributionCheck:
         labels: Sequence[str] | None = None,
         cell_name: Callable[[int], str] | None = None,
         seed: int = 0,
+        time_budget: float | None = None,
     ) -> None:
         """``probs`` [G, C]: exact probabilities of each group's cells; ``reach`` [G]: expected
         samples per group per draw (1 if every draw lands in every group); ``views``: pooling
-        orders by name (default: by probability, and by token id)."""
+        orders by name (default: by probability, and by token id); ``time_budget``: seconds of
+        sampling after which the check concludes with the draws it has (at least ``min_draws``).
+        Elapsed time does not depend on the counts, so stopping on it keeps the fixed test valid."""
         self.name = name
         self.probs = probs
         groups, cells = probs.shape
@@ -85,6 +89,9 @@ class DistributionCheck:
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
         self.draws = 0
         self.next_look = min(FIRST_BATCH, self.planned)
+        self.min_draws = min_draws
+        self.time_budget = time_budget or None
+        self.started = time.perf_counter()
 
     def _view(self, name: str, orders: Orders) -> _View:
         """Bins of one view, pooled at the planned expected counts (fixed before sampling)."""
@@ -104,8 +111,16 @@ class DistributionCheck:
         return _View(name, orders, index, MixtureEProcess(mass / group_mass[group_of_bin], group_of_bin))
 
     def next_batch(self, largest: int) -> int:
-        """Draws to take next: up to the next look of the e-processes, at most ``largest``."""
-        return max(1, min(self.next_look - self.draws, largest))
+        """Draws to take next: up to the next look of the e-processes, at most ``largest``, and
+        no more than the time budget has room for at the speed measured so far."""
+        size = max(1, min(self.next_look - self.draws, largest))
+        if self.time_budget is not None and self.draws == 0:
+            return min(size, max(1, self.min_draws))  # a first, small batch measures the speed
+        if self.time_budget is not None:
+            elapsed = time.perf_counter() - self.started
+            room = int((self.time_budget - elapsed) / (elapsed / self.draws))
+            size = min(size, max(1, room, self.min_draws - self.draws))
+        return size
 
     def add(self, counts: np.ndarray, draws: int) -> None:
         """Fold in the cell counts [G, C] of ``draws`` more draws. The e-processes look at doubling
@@ -135,8 +150,16 @@ class DistributionCheck:
         return self.log_e >= math.log(1 / self.alpha_sequential)
 
     @property
+    def out_of_time(self) -> bool:
+        return (
+            self.time_budget is not None
+            and self.draws >= self.min_draws
+            and time.perf_counter() - self.started >= self.time_budget
+        )
+
+    @property
     def done(self) -> bool:
-        return self.rejected_early or (self.draws >= self.planned and not self.pending.any())
+        return self.rejected_early or (self.draws >= self.planned and not self.pending.any()) or self.out_of_time
 
     def impossible(self) -> tuple[int, int, int] | None:
         """(group, cell, count) of the first cell observed although its probability is zero."""
@@ -166,6 +189,7 @@ class DistributionCheck:
         fit.planned_draws = self.planned
         fit.draws = self.draws
         fit.tolerance = self.tolerance
+        fit.time_limited = self.draws < self.planned and not self.rejected_early
         if self.rejected_early:
             fit.stopped_early = True
             fit.method = "sequential"

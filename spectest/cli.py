@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectest import bench_cli, options, simulate_cli
+from spectest import bench_cli, options, profile_cli, simulate_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", help="list the registered implementation names")
     simulate_cli.add_parser(commands)
     bench_cli.add_parser(commands)
+    profile_cli.add_parser(commands)
     report = commands.add_parser("report", help="re-render a saved results.json to HTML, Markdown and plots")
     report.add_argument("results", help="a results.json written by pytest --spec-report DIR")
     report.add_argument("-o", "--output", required=True, help="directory for report.html and summary.md")
@@ -39,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return simulate_cli.run(args, parser)
     if args.command == "bench":
         return bench_cli.run(args, parser)
+    if args.command == "profile":
+        return profile_cli.run(args, parser)
     if args.command in ("report", "compare"):
         from pathlib import Path
 

@@ -132,7 +132,9 @@ def _contexts(model: CausalLM, history: torch.Tensor, lengths: torch.Tensor, ext
         if history.shape[0] != 1:
             raise ValueError("a model that needs its whole prefix (context_window None) decodes with batch 1")
         return torch.cat([history[:, : int(lengths[0])], extra], dim=1)
-    index = (lengths.unsqueeze(1) - window + torch.arange(window, device=history.device)).clamp_min(0)
+    # Rows that already finished keep running in lockstep (their output is discarded): keep
+    # their reads inside the history however far they have overshot.
+    index = (lengths.unsqueeze(1) - window + torch.arange(window, device=history.device)).clamp(0, history.shape[1] - 1)
     return torch.cat([history.gather(1, index), extra], dim=1)
 
 

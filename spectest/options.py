@@ -14,6 +14,7 @@ T = TypeVar("T")
 
 DEFAULT_ALPHA = 1e-4
 DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_PROPERTY_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,14 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         "--spec-timeout",
         "spec_timeout",
         f"seconds one verify call may take before it counts as a hang (default {DEFAULT_TIMEOUT_S:g}; 0: off)",
+        {"default": None, "metavar": "SECONDS"},
+    ),
+    (
+        "--spec-property-seconds",
+        "spec_property_seconds",
+        f"sampling time one property may spend on its distribution checks (default {DEFAULT_PROPERTY_SECONDS:g}; "
+        "0: no limit); a slower implementation gets fewer draws, and each check reports the larger effect it "
+        "could still detect",
         {"default": None, "metavar": "SECONDS"},
     ),
 ]

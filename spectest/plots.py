@@ -211,3 +211,37 @@ def break_even_table(k_max: int = 8) -> bytes | None:
         ax.set_title("break-even acceptance (d = 0, no overhead)")
 
     return _figure(draw)
+
+
+def plot_profiles(profiles: list[Any], document: dict[str, Any], path: Any) -> None:
+    """Acceptance along each profiled text (raw and a 64-token moving average), the break-even
+    acceptance, and the stretches below it shaded; one panel per text, written to ``path``."""
+    if not available():
+        raise OSError("--plot needs matplotlib: pip install -e '.[report]'")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from spectest.profile import below_stretches, moving_average
+
+    fig, axes = plt.subplots(len(profiles), 1, figsize=(9, 2.2 * len(profiles) + 0.6), dpi=100, squeeze=False)
+    try:
+        for ax, profile, row in zip(axes[:, 0], profiles, document["files"], strict=True):
+            ax.plot(profile.acceptance, color="#90caf9", linewidth=0.5, label="a_t = sum min(p, q)")
+            ax.plot(moving_average(profile.acceptance), color="#1565c0", linewidth=1.5, label="64-token average")
+            threshold = row["break_even_acceptance"]
+            if threshold is not None:
+                ax.axhline(threshold, color="#e53935", linestyle="--", linewidth=1, label="break-even")
+                for start, end in below_stretches(profile.acceptance, threshold):
+                    ax.axvspan(start, end, color="#ffcdd2", alpha=0.6, linewidth=0)
+            ax.set_ylim(0, 1.02)
+            ax.set_ylabel("acceptance")
+            ax.set_title(f"{profile.name} ({profile.label}): mean {row['mean_acceptance']:.3f}, "
+                         f"predicted speedup {row['speedup']:.2f}x", fontsize=9)  # fmt: skip
+        axes[-1, 0].set_xlabel("token position")
+        axes[0, 0].legend(loc="lower right", fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from spectest import options
-from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_TIMEOUT_S, Budget
+from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_PROPERTY_SECONDS, DEFAULT_TIMEOUT_S, Budget
 
 if TYPE_CHECKING:
     from spectest.protocol import Model
@@ -38,6 +38,7 @@ class SpecSession:
     tolerance: float
     timeout: float
     shrink: bool
+    property_seconds: float = DEFAULT_PROPERTY_SECONDS
     report_dir: str | None = None
     models: list[Model] = field(default_factory=list)
     checks_per_model: dict[str, int] = field(default_factory=dict)
@@ -58,6 +59,8 @@ class SpecSession:
             parts += ["--spec-alpha", repr(self.alpha)]
         if self.tolerance != self.budget.tolerance:
             parts += ["--spec-tolerance", repr(self.tolerance)]
+        if self.property_seconds != DEFAULT_PROPERTY_SECONDS:
+            parts += ["--spec-property-seconds", repr(self.property_seconds)]
         parts += ["-k", test_name]
         return shlex.join(parts)
 
@@ -128,6 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
         budget=budget,
         tolerance=_parse(config, "spec_tolerance", options.tolerance, budget.tolerance),
         timeout=_parse(config, "spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
+        property_seconds=_parse(config, "spec_property_seconds", options.positive_seconds, DEFAULT_PROPERTY_SECONDS),
         shrink=not config.getoption("spec_no_shrink"),
         report_dir=_option(config, "spec_report"),
     )
@@ -168,7 +172,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     described = []
     for model in session.models:
         caps = f" [{', '.join(sorted(model.capabilities))}]" if model.capabilities else ""
-        described.append(f"{model.name}{caps}")
+        skip = f" (unavailable: {model.unavailable})" if model.unavailable else ""
+        described.append(f"{model.name}{caps}{skip}")
     return [
         f"spectest: models: {', '.join(described)}",
         f"spectest: device: {session.device}, seed: {session.seed} (replay with --spec-seed {session.seed}), "
@@ -213,6 +218,8 @@ def spec(request: pytest.FixtureRequest, spec_model: Model) -> Any:
     """The running property: Hypothesis settings, seeds, significance level and verdicts."""
     from spectest.runner import PropertyRun
 
+    if spec_model.unavailable:
+        pytest.skip(f"{spec_model.name} cannot run here: {spec_model.unavailable}")
     return PropertyRun(request.config.stash[SESSION], spec_model, request.node)
 
 
@@ -301,3 +308,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"{len(statistical)} distribution checks on {samples} emitted tokens, {len(failed)} failed "
             f"({early} stopped early); median minimum detectable TV {detectable:.3f} at power 0.99"
         )
+        limited = [r for r in statistical if r.get("time_limited")]
+        if limited:
+            models = sorted({r["model"] for r in limited})
+            write(
+                f"{len(limited)} checks were cut short by --spec-property-seconds ({session.property_seconds:g} s per "
+                f"property) on {', '.join(models)}: they drew {sum(r['draws'] for r in limited)} of "
+                f"{sum(r['planned_draws'] for r in limited)} planned draws, and can detect a TV of "
+                f"{statistics.median(r['min_detectable_tv'] for r in limited):.3f} (median) instead of "
+                f"{session.tolerance:g}"
+            )

@@ -85,6 +85,8 @@ class Model:
     propose: Callable[..., Any] | None = None
     filter_order: tuple[str, ...] = DEFAULT_ORDER
     sampling_params: tuple[str, ...] = PARAMETERS
+    # Why it cannot run here (an adapter whose package or GPU is missing); its properties skip.
+    unavailable: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -108,8 +110,10 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         raise ValueError(f"{name}: spectest_filter_order must list each of {FILTERS} once, got {order}")
     if not set(supported) <= set(PARAMETERS) or "temperature" not in supported:
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
+    unavailable = getattr(obj, "spectest_unavailable", None)
     return Model(
         name=name,
+        unavailable=unavailable() if callable(unavailable) else unavailable,
         verify=verify,
         source=source,
         capabilities=frozenset(capabilities),

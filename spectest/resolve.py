@@ -19,7 +19,13 @@ from typing import Any
 from spectest.protocol import Model, build_model
 
 ENTRY_POINT_GROUP = "spectest.models"
-BUILTIN_MODELS = {"reference": "spectest.reference:REFERENCE"}
+BUILTIN_MODELS = {
+    "reference": "spectest.reference:REFERENCE",
+    # Engines' samplers (optional packages; they skip, saying why, where the package or GPU is missing).
+    "transformers": "spectest.extra.engines:TRANSFORMERS",
+    "flashinfer": "spectest.extra.engines:FLASHINFER",
+    "vllm": "spectest.extra.engines:VLLM",
+}
 REQUIRED_PARAMETERS = ("draft_token_ids", "draft_probs", "target_probs")
 
 

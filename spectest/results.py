@@ -162,6 +162,7 @@ def describe_model(model: Any) -> dict[str, Any]:
         "capabilities": sorted(model.capabilities),
         "filter_order": list(model.filter_order),
         "sampling_params": list(model.sampling_params),
+        "unavailable": model.unavailable,
     }
 
 

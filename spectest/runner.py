@@ -48,6 +48,9 @@ class PropertyRun:
         self.replay = session.replay_command(model, self.test_name)
         # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
         self.standard = "standard-rejection" in model.capabilities
+        self.started = time.perf_counter()
+        self.checks_started = 0
+        self.planned_checks = self.examples * int(marker.kwargs.get("checks", 1))
 
     def __repr__(self) -> str:
         return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
@@ -55,8 +58,19 @@ class PropertyRun:
     def distribution(self, name: str, probs: np.ndarray, *, case_seed: int = 0, **kwargs: Any) -> DistributionCheck:
         """A distribution check at this run's per-check level and tolerance (see spectest.checks)."""
         return DistributionCheck(
-            name, probs, alpha=self.alpha, tolerance=self.session.tolerance, seed=case_seed, **kwargs
-        )
+            name, probs, alpha=self.alpha, tolerance=self.session.tolerance, seed=case_seed,
+            time_budget=self._check_budget(), **kwargs,
+        )  # fmt: skip
+
+    def _check_budget(self) -> float | None:
+        """Seconds the next distribution check may sample: what is left of the property's time,
+        shared equally by the checks still to come (each still takes its minimum draws)."""
+        self.checks_started += 1
+        limit = self.session.property_seconds
+        if not limit:
+            return None
+        remaining_checks = max(1, self.planned_checks - self.checks_started + 1)
+        return max(1e-9, (limit - (time.perf_counter() - self.started)) / remaining_checks)
 
     def given(
         self, strategy: st.SearchStrategy[Any], body: Callable[[Any], None], *, explicit: Sequence[Any] = ()

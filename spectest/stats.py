@@ -116,6 +116,7 @@ class FitResult:
     planned_draws: int | None = None
     draws: int | None = None
     tolerance: float | None = None
+    time_limited: bool = False  # concluded at the time budget, before the planned draws
 
     @property
     def passed(self) -> bool:
@@ -141,6 +142,11 @@ class FitResult:
             f"  minimum detectable TV at power {DEFAULT_POWER}: {self.min_detectable_tv:.4f}"
             + (f" (tolerance asked: {self.tolerance:g})" if self.tolerance else ""),
         ]
+        if self.time_limited:
+            lines.append(
+                f"  time-limited: {self.draws} of {self.planned_draws} planned draws fit in --spec-property-seconds; "
+                "the minimum detectable TV above is what they could detect"
+            )
         if self.worst_cells:
             lines.append("  worst cells (cell: expected count vs observed):")
             lines += [f"    {label}: expected {exp:.1f}, observed {obs}" for label, exp, obs in self.worst_cells]
@@ -165,6 +171,7 @@ class FitResult:
             "planned_draws": self.planned_draws,
             "draws": self.draws,
             "tolerance": self.tolerance,
+            "time_limited": self.time_limited,
             "passed": self.passed,
             "worst_cells": [list(cell) for cell in self.worst_cells],
         }

@@ -63,7 +63,7 @@ def test_header_names_models_device_and_seed_and_ini_works(pytester):
     result = pytester.runpytest_subprocess("--co")
     result.stdout.fnmatch_lines(
         [
-            "spectest: models: reference [[]standard-rejection[]]",
+            "spectest: models: reference [[]logits, per-row-seeds, propose, standard-rejection[]]",
             "spectest: device: cpu, seed: 1234*budget: quick, tolerance: TV 0.1",
         ]
     )
@@ -112,7 +112,7 @@ def test_cli_check_and_models(tmp_path):
     listed = subprocess.run(
         [sys.executable, "-m", "spectest.cli", "models"], capture_output=True, text=True, check=True
     )
-    assert listed.stdout.startswith("reference\tspectest.reference:verify")
+    assert "reference\tspectest.reference:REFERENCE" in listed.stdout.splitlines()
     checked = subprocess.run(
         [
             sys.executable,
