@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from spectest.protocol import DEFAULT_ORDER, PAD
-from spectest.sampling import categorical_at, make_generator, sample_categorical
+from spectest.sampling import inverse_cdf_blocked, make_generator, sample_categorical
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
 spectest_capabilities = frozenset({"standard-rejection"})
@@ -30,10 +30,10 @@ def verify(
     """Accept draft i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit
     one token from norm(max(0, p - q)), or the bonus from target_probs[:, K] if all K pass."""
     batch, k = draft_token_ids.shape
-    u = torch.rand((batch, k), generator=generator, device=draft_token_ids.device, dtype=target_probs.dtype)
-    return verify_at(
-        draft_token_ids, draft_probs, target_probs, u, lambda weights: sample_categorical(weights, generator)
-    )
+    device = draft_token_ids.device
+    u = torch.rand((batch, k), generator=generator, device=device, dtype=target_probs.dtype)
+    v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
+    return verify_at(draft_token_ids, draft_probs, target_probs, u, lambda weights: inverse_cdf_blocked(weights, v))
 
 
 def verify_at(draft_token_ids, draft_probs, target_probs, u, sample) -> torch.Tensor:
@@ -50,11 +50,13 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample) -> torch.Te
     rows = torch.arange(batch, device=device)
     p_next = target_probs[rows, n_accepted]
     q_next = draft_probs[rows, n_accepted.clamp(max=k - 1)]
-    all_accepted = (n_accepted == k).unsqueeze(-1)
-    residual = torch.where(all_accepted, p_next, (p_next - q_next).clamp_min(0))
+    # One fused pass: p - q after a rejection, p itself (the bonus) when all K were accepted.
+    rejected = (n_accepted < k).to(p_next.dtype).unsqueeze(-1)
+    residual = torch.addcmul(p_next, q_next, rejected, value=-1).clamp_min_(0)
     # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
-    empty = residual.sum(dim=-1, keepdim=True) <= 0
-    residual = torch.where(empty, p_next, residual)
+    empty = residual.amax(dim=-1) <= 0
+    if bool(empty.any()):
+        residual[empty] = p_next[empty]
     extra = sample(residual)
 
     slots = torch.arange(k + 1, device=device)
@@ -103,7 +105,7 @@ class ReferenceSampler:
         q = process_logits(draft_logits, params, order=self.spectest_filter_order)
         k = draft_token_ids.shape[1]
         u, v = row_uniforms(params, k, generator, device=draft_token_ids.device, dtype=p.dtype)
-        return verify_at(draft_token_ids, q, p, u, lambda weights: categorical_at(weights, v))
+        return verify_at(draft_token_ids, q, p, u, lambda weights: inverse_cdf_blocked(weights, v))
 
     def propose(
         self, draft_logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator

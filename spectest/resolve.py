@@ -25,6 +25,8 @@ BUILTIN_MODELS = {
     "transformers": "spectest.extra.engines:TRANSFORMERS",
     "flashinfer": "spectest.extra.engines:FLASHINFER",
     "vllm": "spectest.extra.engines:VLLM",
+    # The fused Triton kernel (CUDA, or Triton's CPU interpreter with TRITON_INTERPRET=1).
+    "reference-triton": "spectest.extra.triton_reference:TRITON_REFERENCE",
 }
 REQUIRED_PARAMETERS = ("draft_token_ids", "draft_probs", "target_probs")
 

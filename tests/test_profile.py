@@ -131,3 +131,34 @@ def test_toy_models_profile_generated_text(capsys):
                  "--json", "-"]) == 0  # fmt: skip
     document = json.loads(capsys.readouterr().out)
     assert document["files"][0]["tokens"] == 500 and document["files"][0]["mean_acceptance"] > 0.5
+
+
+def save_tiny_lm(path, seed: int, alphabet_size: int = 256):
+    """A randomly initialised GPT-2 and a byte-level tokenizer, saved locally (no downloads)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[:alphabet_size]
+    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, bos_token=alphabet[0])
+    torch.manual_seed(seed)  # transformers initialises weights from torch's global RNG
+    config = transformers.GPT2Config(vocab_size=len(alphabet), n_positions=512, n_embd=32, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_local_transformers_models_profile_text_and_a_vocabulary_mismatch_is_an_error(tmp_path, capsys):
+    target = save_tiny_lm(tmp_path / "target", 0)
+    draft = save_tiny_lm(tmp_path / "draft", 1)
+    other = save_tiny_lm(tmp_path / "other", 2, alphabet_size=200)
+    text = tmp_path / "t.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 4)
+    assert main(["profile", "--target", f"hf:{target}", "--draft", f"hf:{draft}", "--text", str(text),
+                 "--json", "-"]) == 0  # fmt: skip
+    row = json.loads(capsys.readouterr().out)["files"][0]
+    assert row["tokens"] == len(text.read_bytes()) and 0 < row["mean_acceptance"] < 1
+    with pytest.raises(SystemExit):
+        main(["profile", "--target", f"hf:{target}", "--draft", f"hf:{other}", "--text", str(text)])
+    assert "do not share a vocabulary" in capsys.readouterr().err

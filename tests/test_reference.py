@@ -69,3 +69,23 @@ def test_reference_matches_hand_computed_acceptance():
     assert binomtest(accepted, n, 0.25).pvalue > 1e-6
     # On rejection the residual max(0, p - q) = [0, 0.6] forces token 1.
     assert (emitted[(emitted != -1).sum(1) == 1, 0] == 1).all()
+
+
+@pytest.mark.parametrize("vocab", [2, 5, 255, 256, 257, 1000, 32000, 128256])
+def test_blocked_inverse_cdf_lands_on_the_cell_whose_step_holds_the_uniform(vocab):
+    """Exact: a uniform in the middle of cell i's CDF step must return i, zero cells included in
+    the rows; and the largest uniform never returns a zero-weight cell."""
+    from spectest.sampling import inverse_cdf_blocked
+
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 64
+    weights = torch.rand((rows, vocab), generator=gen)
+    weights[torch.rand((rows, vocab), generator=gen) < 0.5] = 0
+    weights[:, 0] += (weights.sum(-1) == 0).float()
+    cdf = weights.double().cumsum(-1)
+    cell = torch.multinomial((weights > 0).float(), 1, generator=gen).squeeze(1)
+    low = torch.where(cell > 0, cdf.gather(1, (cell - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
+    high = cdf.gather(1, cell.unsqueeze(1)).squeeze(1)
+    assert torch.equal(inverse_cdf_blocked(weights, (low + high) / 2 / cdf[:, -1]), cell)
+    top = inverse_cdf_blocked(weights, torch.full((rows,), 1 - 2**-53, dtype=torch.float64))
+    assert bool((weights.gather(1, top.unsqueeze(1)) > 0).all())

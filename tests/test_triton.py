@@ -1,0 +1,78 @@
+"""The fused Triton kernel under the gate, run by Triton's CPU interpreter (no GPU needed).
+
+The interpreter runs each program in Python (milliseconds each), so these tests use one small
+case replicated over 1500 rows: the per-position distributions of the correct kernel must
+match the target exactly (chi-square through the harness's engine at 1e-4 per kernel), and
+each deliberately broken kernel must fail: residual from position 0 and the acceptance uniform
+reused statistically, an id past V through the exact output contract. On a GPU machine the
+whole suite runs on it instead: ``pytest --spec-model reference-triton --spec-device cuda``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is imported: set it first
+pytest.importorskip("triton")
+
+from spectest.checks import DistributionCheck
+from spectest.positions import reach_probabilities
+from spectest.protocol import PAD, ContractViolation, Model, call_verify
+from spectest.sampling import RepeatedCategorical, make_generator
+
+ROWS, K, V = 1500, 3, 12
+ALPHA = 1e-4
+
+
+def case() -> tuple[np.ndarray, np.ndarray]:
+    """Distinct p and q at every position, zeros in p, and draft/target ratios far from 1."""
+    rng = np.random.default_rng(0)
+    target = rng.dirichlet(np.full(V, 0.4), size=K + 1)
+    target[:, :2] = 0.0
+    target /= target.sum(-1, keepdims=True)
+    draft = 0.3 * target[:K] + 0.7 * rng.dirichlet(np.ones(V), size=K)
+    return target, draft
+
+
+def run_kernel(name: str) -> np.ndarray:
+    from spectest.extra import triton_reference
+
+    kernel = triton_reference.TRITON_REFERENCE if name == "correct" else triton_reference.BROKEN[name]
+    target, draft = case()
+    p = torch.as_tensor(target, dtype=torch.float32).repeat(ROWS, 1, 1)
+    q = torch.as_tensor(draft, dtype=torch.float32).repeat(ROWS, 1, 1)
+    drafts = RepeatedCategorical(torch.as_tensor(draft)).sample(ROWS, make_generator(1)).reshape(ROWS, K)
+    return call_verify(Model(f"triton:{name}", kernel.verify), drafts, q, p, make_generator(2)).numpy()
+
+
+def exactness(emitted: np.ndarray):
+    target, draft = case()
+    check = DistributionCheck("triton per-position", target, alpha=ALPHA, tolerance=0.1, min_draws=ROWS,
+                              max_draws=ROWS, reach=reach_probabilities(target[None], draft[None])[0])  # fmt: skip
+    counts = np.zeros((K + 1, V), dtype=np.int64)
+    for slot in range(K + 1):
+        tokens = emitted[:, slot]
+        counts[slot] = np.bincount(tokens[tokens != PAD], minlength=V)
+    check.add(counts, ROWS)
+    return check.result(), check.impossible()
+
+
+def test_triton_kernel_is_exact():
+    result, impossible = exactness(run_kernel("correct"))
+    assert impossible is None and result.passed, result.summary()
+
+
+@pytest.mark.parametrize("bug", ["residual_from_position_0", "uniform_reused"])
+def test_broken_triton_kernels_fail_the_distribution_check(bug):
+    result, impossible = exactness(run_kernel(bug))
+    assert impossible is not None or not result.passed, f"{bug} passed:\n{result.summary()}"
+
+
+def test_triton_kernel_with_an_id_past_v_breaks_the_contract():
+    with pytest.raises(ContractViolation, match="ids lie in \\[0, V\\)"):
+        run_kernel("id_past_v")
