@@ -150,16 +150,24 @@ class PropertyRun:
             (RESULT_KEY, {"model": self.model.name, "property": self.test_name, "seed": self.session.seed, **figures})
         )
 
-    def require_possible(self, check: DistributionCheck, describe: Callable[[int, int], str], context: str) -> None:
-        """Exact check: no cell of target probability zero was ever emitted."""
+    def require_possible(
+        self,
+        check: DistributionCheck,
+        describe: Callable[[int, int], str],
+        context: str,
+        *,
+        rule: str = "never emits a token the target gives probability zero",
+        source: str = "target",
+    ) -> None:
+        """Exact check: no cell of expected probability zero was ever observed."""
         __tracebackhide__ = True
         hit = check.impossible()
         if hit is not None:
             group, cell, count = hit
             self.require(
                 False,
-                "never emits a token the target gives probability zero",
-                f"{describe(group, cell)} has target probability 0 but was emitted {count} times ({context})",
+                rule,
+                f"{describe(group, cell)} has {source} probability 0 but came out {count} times ({context})",
             )
 
     def conclude(self, check: DistributionCheck, *, context: str, started: float | None = None) -> None:
