@@ -37,6 +37,7 @@ def add_parser(commands: Any) -> None:
     prof.add_argument("--temperature", type=argument(non_negative), default=1.0, help="0 means greedy")
     prof.add_argument("--top-k", type=argument(positive_int), default=None)
     prof.add_argument("--top-p", type=argument(unit_interval), default=None)
+    prof.add_argument("--min-p", type=argument(unit_interval), default=None)
     prof.add_argument("--max-tokens", type=argument(positive_int), default=20000, help="per text (default 20000)")
     prof.add_argument("--vocab", type=argument(positive_int), default=8, help="vocabulary of toy models")
     prof.add_argument("--seed", type=int, default=0, help="seed of toy models and generated texts")
@@ -64,11 +65,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _params(args: argparse.Namespace):
     from spectest.sampling_params import SamplingParams
 
-    if args.temperature == 1.0 and args.top_k is None and args.top_p is None:
+    if args.temperature == 1.0 and args.top_k is None and args.top_p is None and args.min_p is None:
         return None
     return SamplingParams.build(
-        1, temperature=args.temperature, top_k=args.top_k or 0, top_p=args.top_p if args.top_p is not None else 1.0
-    )
+        1, temperature=args.temperature, top_k=args.top_k or 0, top_p=args.top_p if args.top_p is not None else 1.0,
+        min_p=args.min_p or 0.0,
+    )  # fmt: skip
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,6 +111,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             "temperature": args.temperature,
             "top_k": args.top_k,
             "top_p": args.top_p,
+            "min_p": args.min_p,
         },
         "files": [summarize_profiles([p], k=args.gamma, cost_ratio=cost, name=p.name) for p in profiles],
         "labels": [
