@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,6 +92,14 @@ class Model:
         return self.name
 
 
+def validate_order(order: Iterable[str], *, what: str = "a filter order") -> tuple[str, ...]:
+    """A filter order: each of FILTERS exactly once."""
+    order = tuple(order)
+    if sorted(order) != sorted(FILTERS):
+        raise ValueError(f"{what} must list each of {FILTERS} once, got {order}")
+    return order
+
+
 def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], module: Any = None) -> Model:
     """A Model from a user's object: declared capabilities and options, plus discovered methods."""
 
@@ -104,10 +112,8 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
     capabilities = set(declared("spectest_capabilities") or ())
     capabilities |= {LOGITS} if callable(verify_logits) else set()
     capabilities |= {PROPOSE} if callable(propose) else set()
-    order = tuple(declared("spectest_filter_order") or DEFAULT_ORDER)
+    order = validate_order(declared("spectest_filter_order") or DEFAULT_ORDER, what=f"{name}: spectest_filter_order")
     supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
-    if sorted(order) != sorted(FILTERS):
-        raise ValueError(f"{name}: spectest_filter_order must list each of {FILTERS} once, got {order}")
     if not set(supported) <= set(PARAMETERS) or "temperature" not in supported:
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
     unavailable = getattr(obj, "spectest_unavailable", None)

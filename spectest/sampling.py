@@ -22,12 +22,6 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> tor
     return RepeatedCategorical(weights).sample(1, generator)[0]
 
 
-def categorical_at(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The inverse-CDF draw of each row of ``weights`` [..., V] at the given uniforms ``u`` [...]
-    (for samplers whose uniforms come from per-row generators)."""
-    return RepeatedCategorical(weights).at(u.reshape(-1, 1).to(torch.float64))[0]
-
-
 BLOCK = 256
 
 
@@ -35,7 +29,7 @@ def inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One inverse-CDF draw per row of ``weights`` [N, V] at uniforms ``u`` [N], reading the
     weights once: block sums locate the block, and only that block's cells are summed in order.
 
-    Same contract as :func:`categorical_at` (never a zero-weight cell: a rounding overshoot is
+    Same contract as :func:`sample_categorical` (never a zero-weight cell: a rounding overshoot is
     clamped to the last cell of positive weight), but without a float64 copy and cumulative sum
     of every row, which cost most of a verifier's time at large V.
     """

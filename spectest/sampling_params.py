@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from spectest.protocol import DEFAULT_ORDER, FILTERS, PARAMETERS
+from spectest.protocol import DEFAULT_ORDER, FILTERS, PARAMETERS, validate_order
 
 __all__ = ["DEFAULT_ORDER", "FILTERS", "PARAMETERS", "SamplingParams", "process_logits"]
 
@@ -133,13 +133,6 @@ class SamplingParams:
                 parts.append(f"min_p={float(self.min_p[row]):.4g}")
             text = " ".join(parts)
         return text + (f" seed={int(self.seed[row])}" if int(self.seed[row]) != NO_SEED else "")
-
-
-def validate_order(order: Iterable[str]) -> tuple[str, ...]:
-    order = tuple(order)
-    if sorted(order) != sorted(FILTERS):
-        raise ValueError(f"a filter order must list each of {FILTERS} once, got {order}")
-    return order
 
 
 def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

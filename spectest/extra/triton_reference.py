@@ -34,15 +34,27 @@ def _unavailable() -> str | None:
 
 
 _KERNEL: Any = None
+row_block: Any = None  # a @triton.jit helper; Triton resolves callees among module globals
 
 
 def _kernel() -> Any:
     """Compile-on-first-use, so that importing this module never imports triton."""
-    global _KERNEL
+    global _KERNEL, row_block
     if _KERNEL is not None:
         return _KERNEL
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def row_block(p_next, q_next, offs, vocab, BUG: tl.constexpr):
+        """One block of the row pair (float32); the ID_PAST_V variant also reads the cell past the row."""
+        inside = offs < (vocab + 1 if BUG == ID_PAST_V else vocab)
+        p = tl.load(p_next + offs, mask=inside, other=0.0).to(tl.float32)
+        q = tl.load(q_next + offs, mask=inside, other=0.0).to(tl.float32)
+        if BUG == ID_PAST_V:
+            p = tl.where(offs == vocab, 0.05, p)  # the padded cell reads memory past the row
+            q = tl.where(offs == vocab, 0.0, q)
+        return p, q
 
     @triton.jit
     def chain(drafts, q_ptr, p_ptr, u_ptr, v_ptr, out, vocab, q_row, q_pos, p_row, p_pos,
@@ -62,18 +74,14 @@ def _kernel() -> Any:
         position = accepted if BUG != RESIDUAL_FROM_POSITION_0 else accepted * 0
         q_position = tl.minimum(position, K - 1)
         scale = rejected.to(tl.float32)
-        limit = vocab + 1 if BUG == ID_PAST_V else vocab
+        p_next = p_ptr + row * p_row + position * p_pos  # the one row pair the extra token needs
+        q_next = q_ptr + row * q_row + q_position * q_pos
         # Sweep 1: mass of the residual (and of p, the fallback if rounding emptied the residual).
         residual_total = tl.zeros((), tl.float64)
         p_total = tl.zeros((), tl.float64)
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            inside = offs < limit
-            p = tl.load(p_ptr + row * p_row + position * p_pos + offs, mask=inside, other=0.0).to(tl.float32)
-            q = tl.load(q_ptr + row * q_row + q_position * q_pos + offs, mask=inside, other=0.0).to(tl.float32)
-            if BUG == ID_PAST_V:
-                p = tl.where(offs == vocab, 0.05, p)  # the padded cell reads memory past the row
-                q = tl.where(offs == vocab, 0.0, q)
+            p, q = row_block(p_next, q_next, offs, vocab, BUG)
             residual_total += tl.sum(tl.maximum(p - scale * q, 0.0).to(tl.float64), 0)
             p_total += tl.sum(p.to(tl.float64), 0)
         use_p = residual_total <= 0
@@ -90,12 +98,7 @@ def _kernel() -> Any:
         last_positive = tl.full((), -1, tl.int64)
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            inside = offs < limit
-            p = tl.load(p_ptr + row * p_row + position * p_pos + offs, mask=inside, other=0.0).to(tl.float32)
-            q = tl.load(q_ptr + row * q_row + q_position * q_pos + offs, mask=inside, other=0.0).to(tl.float32)
-            if BUG == ID_PAST_V:
-                p = tl.where(offs == vocab, 0.05, p)
-                q = tl.where(offs == vocab, 0.0, q)
+            p, q = row_block(p_next, q_next, offs, vocab, BUG)
             w = tl.maximum(p - scale * q, 0.0).to(tl.float64)
             cumulative = running + tl.cumsum(w, 0)
             hit = (cumulative > goal) & (w > 0)

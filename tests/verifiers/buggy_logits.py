@@ -9,11 +9,13 @@ tests/verifiers/buggy_logits.py:temperature_target_only properties/test_sampling
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from spectest.reference import row_uniforms, verify_at
 from spectest.reference import verify as chain_verify
-from spectest.sampling import categorical_at, sample_categorical
+from spectest.sampling import inverse_cdf_blocked, sample_categorical
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
 
@@ -25,7 +27,7 @@ def without(params: SamplingParams, name: str) -> SamplingParams:
         changed = torch.where(value > 0, torch.ones_like(value), value)
     else:
         changed = torch.full_like(value, off)
-    return SamplingParams(**{**params.__dict__, name: changed})
+    return replace(params, **{name: changed})
 
 
 class Textbook:
@@ -54,7 +56,7 @@ class Textbook:
         p = self.target_side(target_logits, params)
         q = self.draft_side(draft_logits, params)
         u, v = self.uniforms(params, draft_token_ids.shape[1], generator, draft_token_ids.device, p.dtype)
-        return verify_at(draft_token_ids, q, p, u, lambda weights: categorical_at(weights, v))
+        return verify_at(draft_token_ids, q, p, u, lambda weights: inverse_cdf_blocked(weights, v))
 
     # The drafting side (a separate piece of code in an engine: correct unless a bug says so).
     def propose(self, draft_logits, params, *, generator):
@@ -117,9 +119,7 @@ class GreedyDividesByZero(Textbook):
 
     def target_side(self, logits, params):
         scaled = logits / params.temperature.to(logits.dtype).view(-1, 1, 1)
-        return process_logits(
-            scaled, SamplingParams(**{**params.__dict__, "temperature": torch.ones_like(params.temperature)})
-        )
+        return process_logits(scaled, replace(params, temperature=torch.ones_like(params.temperature)))
 
     draft_side = target_side
 
@@ -129,7 +129,7 @@ class RandomRowsVerifiedGreedily(Textbook):
 
     def verify_params(self, params):
         if bool(params.greedy.any()):
-            return SamplingParams(**{**params.__dict__, "temperature": torch.zeros_like(params.temperature)})
+            return replace(params, temperature=torch.zeros_like(params.temperature))
         return params
 
 
@@ -145,9 +145,7 @@ class Row0SeedForEveryRow(Textbook):
 
     def uniforms(self, params, k, generator, device, dtype):
         seeds = torch.where(params.seed != NO_SEED, params.seed[0], params.seed)
-        return row_uniforms(
-            SamplingParams(**{**params.__dict__, "seed": seeds}), k, generator, device=device, dtype=dtype
-        )
+        return row_uniforms(replace(params, seed=seeds), k, generator, device=device, dtype=dtype)
 
 
 class IgnoresRowSeeds(Textbook):
