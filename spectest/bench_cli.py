@@ -1,10 +1,11 @@
-"""``spectest bench``: measured wall-clock speedups against the tokens-per-pass model.
+"""``spectest bench``: measured speedups against the tokens-per-pass model.
 
-JSON output (``--json``, schema ``spectest.bench/1``): ``config`` (the BenchConfig fields),
-``verifier``, ``points`` [{mix, acceptance_exact, acceptance_measured, tokens_per_pass,
-tokens_per_pass_model, speedup_measured, speedup_predicted, ratio, costs {target_forward, draft_forward,
-verify_forward, plain_overhead, pass_overhead (seconds, raw), then in target-forward units cost_ratio c,
-verify_growth d, overhead o, plain_overhead o_plain, pass_cost}, tokens_per_pass_counts}],
+Rounds of plain, reference and ``--model`` decoding at each point (see :mod:`spectest.bench`),
+timed on the own-time clock. JSON output (``--json``, schema ``spectest.bench/2``): ``config``
+(the BenchConfig fields), ``verifier``, ``clock``, ``rounds``, ``costs`` (the pooled model:
+cost_ratio c, verify_growth d, overhead o, rejection_overhead, plain_overhead, in target steps),
+``points`` [{mix, acceptance, acceptance_measured, measured, predicted, ratio, pass_cost_ratio,
+pass_cost, rounds, counts, model_probs, tokens_per_pass, tokens_per_pass_model}],
 ``break_even`` {predicted, measured, bracket} (null where there is none).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from spectest.options import argument, positive_int
 
-BENCH_SCHEMA = "spectest.bench/1"
+BENCH_SCHEMA = "spectest.bench/2"
 SWEEP_MIXES = (0.0, 0.2, 0.4, 0.55, 0.7, 0.85, 1.0)
 
 
@@ -34,15 +35,19 @@ def add_parser(commands: Any) -> None:
         "bench",
         help="measure plain vs speculative decoding against the model's predicted speedup and break-even",
         description="Decode with costed Markov models (exact outputs, real tensor work) and compare the measured "
-        "speedup with E[L] / (K c + 1 + d K + o), every cost measured in the same run.",
+        "speedup with E[L] (1 + o_plain) / (K c + 1 + d K + o(a)), every cost measured in the same rounds.",
     )
     bench.add_argument("--model", default="reference", help="verifier: a --spec-model value (default reference)")
     bench.add_argument("--gamma", type=argument(positive_int), default=4, help="draft tokens per pass K")
-    bench.add_argument("--vocab", type=argument(positive_int), default=64)
-    bench.add_argument("--target-hidden", type=argument(positive_int), default=1024)
-    bench.add_argument("--draft-hidden", type=argument(positive_int), default=64)
-    bench.add_argument("--layers", type=argument(positive_int), default=6)
-    bench.add_argument("--tokens", type=argument(positive_int), default=300, help="tokens to generate per row and run")
+    bench.add_argument("--vocab", type=argument(positive_int), default=32000)
+    bench.add_argument("--target-mb", type=float, default=24.0, help="weights a target step reads (MB)")
+    bench.add_argument("--draft-mb", type=float, default=0.25, help="weights a draft step reads (MB)")
+    bench.add_argument("--target-hidden", type=argument(positive_int), default=128, help="per-position width")
+    bench.add_argument("--draft-hidden", type=argument(positive_int), default=16)
+    bench.add_argument("--layers", type=argument(positive_int), default=2)
+    bench.add_argument("--tokens", type=argument(positive_int), default=16, help="plain steps per chunk")
+    bench.add_argument("--passes", type=argument(positive_int), default=6, help="speculative passes per chunk")
+    bench.add_argument("--rounds", type=argument(positive_int), default=10, help="interleaved rounds per point")
     bench.add_argument("--batch", type=argument(positive_int), default=1)
     bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (times with synchronisation)")
     bench.add_argument("--seed", type=int, default=0)
@@ -60,7 +65,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import torch
 
-    from spectest.bench import BenchConfig, break_even, sweep
+    from spectest.bench import BenchConfig, break_even, point_record, sweep
     from spectest.resolve import ModelSpecError, resolve_model
 
     if args.device != "cpu" and not torch.cuda.is_available():
@@ -70,37 +75,47 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ModelSpecError as exc:
         parser.error(str(exc))
     config = BenchConfig(
-        vocab=args.vocab, target_hidden=args.target_hidden, draft_hidden=args.draft_hidden, layers=args.layers,
-        k=args.gamma, batch=args.batch, tokens=args.tokens, seed=args.seed, device=args.device,
+        vocab=args.vocab, k=args.gamma, target_mb=args.target_mb, draft_mb=args.draft_mb,
+        target_hidden=args.target_hidden, draft_hidden=args.draft_hidden, layers=args.layers, batch=args.batch,
+        tokens=args.tokens, passes=args.passes, seed=args.seed, device=args.device,
     )  # fmt: skip
     mixes = SWEEP_MIXES if args.sweep else (args.mixes or [0.05, 1.0])
-    points = sweep(verifier, config, mixes, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    even = break_even(points, config.k)
+    bench = sweep(
+        verifier, config, mixes, rounds=args.rounds, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    costs = bench.pooled_costs()
+    even = break_even(bench.points, config.k, costs)
+    records = [point_record(p, config.k, costs) for p in bench.points]
     if args.json:
         document = {
             "schema": BENCH_SCHEMA,
             "config": asdict(config),
             "verifier": verifier.name,
-            "points": [asdict(p) | {"ratio": p.ratio} for p in points],
+            "clock": bench.clock.name,
+            "rounds": args.rounds,
+            "costs": asdict(costs),
+            "points": records,
             "break_even": asdict(even),
         }
         print(json.dumps(document, indent=2))
         return 0
     print(
-        f"verifier {verifier.name}, K={config.k}, V={config.vocab}, target H={config.target_hidden} x{config.layers} layers, "
-        f"draft H={config.draft_hidden}, {config.tokens} tokens x batch {config.batch}, {config.device}"
+        f"verifier {verifier.name}, K={config.k}, V={config.vocab}, target {config.target_mb:g} MB, draft "
+        f"{config.draft_mb:g} MB, batch {config.batch}, {args.rounds} rounds, {config.device}, timed on {bench.clock.name}"
     )
     print(
-        f"{'mix':>5} {'a exact':>8} {'a meas':>7} {'L/pass':>7} {'E[L]':>6} {'c':>6} {'d':>7} {'o':>6} {'o_plain':>7} "
-        f"{'speedup':>8} {'model':>7} {'ratio':>6}"
+        f"costs (target steps): c={costs.cost_ratio:.3f} d={costs.verify_growth:.3f} o={costs.overhead:.3f} "
+        f"o_reject={costs.rejection_overhead:+.3f} o_plain={costs.plain_overhead:.3f}"
     )
-    for p in points:
-        c = p.costs
+    print(
+        f"{'mix':>5} {'a exact':>8} {'a meas':>7} {'L/pass':>7} {'E[L]':>6} {'speedup':>8} {'model':>7} {'ratio':>6} "
+        f"{'pass model/meas':>15}"
+    )
+    for r in records:
         print(
-            f"{p.mix:5.2f} {p.acceptance_exact:8.3f} {p.acceptance_measured:7.3f} {p.tokens_per_pass:7.3f} "
-            f"{p.tokens_per_pass_model:6.3f} {c['cost_ratio']:6.3f} {c['verify_growth']:7.4f} {c['overhead']:6.3f} "
-            f"{c['plain_overhead']:7.3f} "
-            f"{p.speedup_measured:7.3f}x {p.speedup_predicted:6.3f}x {p.ratio:6.3f}"
+            f"{r['mix']:5.2f} {r['acceptance']:8.3f} {r['acceptance_measured']:7.3f} {r['tokens_per_pass']:7.3f} "
+            f"{r['tokens_per_pass_model']:6.3f} {r['measured']:7.3f}x {r['predicted']:6.3f}x {r['ratio']:6.3f} "
+            f"{r['pass_cost_ratio']:15.3f}"
         )
     if even.predicted is None:
         print("break-even: the model says speculation never pays with these costs")

@@ -145,6 +145,12 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"default": None, "metavar": "DIR"},
     ),
     (
+        "--spec-results",
+        "spec_results",
+        "write only the results file (results.json, schema spectest.results/1) to this path",
+        {"default": None, "metavar": "FILE"},
+    ),
+    (
         "--spec-timeout",
         "spec_timeout",
         f"seconds one verify call may take before it counts as a hang (default {DEFAULT_TIMEOUT_S:g}; 0: off)",

@@ -7,7 +7,6 @@ installed, and the report degrades to tables without it.
 from __future__ import annotations
 
 import io
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -142,7 +141,7 @@ def speedup_curve(figures: list[dict[str, Any]]) -> bytes | None:
     records = _speed_records(figures)
     if not records:
         return None
-    from simulators import expected_tokens_iid
+    from simulators import CostModel, speedup
 
     def draw(fig: Any, ax: Any) -> None:
         for record in records:
@@ -151,11 +150,10 @@ def speedup_curve(figures: list[dict[str, Any]]) -> bytes | None:
             ax.scatter(
                 [p["acceptance"] for p in points], [p["measured"] for p in points], label=f"{record['model']} measured"
             )
-            costs = [p["pass_cost"] for p in points if p.get("pass_cost")]
-            if costs:
-                cost = statistics.median(costs)
+            if record.get("costs"):
+                model = CostModel(**record["costs"])
                 grid = [i / 100 for i in range(101)]
-                ax.plot(grid, [expected_tokens_iid(a, k) / cost for a in grid], label=f"{record['model']} model")
+                ax.plot(grid, [speedup(a, k, model) for a in grid], label=f"{record['model']} model")
             if record.get("break_even_predicted") is not None:
                 ax.axvline(record["break_even_predicted"], linestyle=":", color="grey", label="predicted break-even a*")
             if record.get("break_even_measured") is not None:

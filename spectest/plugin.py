@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 SUITE_DIR = Path(__file__).resolve().parent.parent / "properties"
 MARKER = "spec_property"
 RESULT_KEY = "spectest"
+FAILURE_KEY = "spectest-failure"
 
 
 @dataclass
@@ -40,6 +41,7 @@ class SpecSession:
     shrink: bool
     property_seconds: float = DEFAULT_PROPERTY_SECONDS
     report_dir: str | None = None
+    results_path: str | None = None
     models: list[Model] = field(default_factory=list)
     checks_per_model: dict[str, int] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -134,6 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
         property_seconds=_parse(config, "spec_property_seconds", options.positive_seconds, DEFAULT_PROPERTY_SECONDS),
         shrink=not config.getoption("spec_no_shrink"),
         report_dir=_option(config, "spec_report"),
+        results_path=_option(config, "spec_results"),
     )
     if specs:
         session.models = _resolve_all(specs)
@@ -223,6 +226,24 @@ def spec(request: pytest.FixtureRequest, spec_model: Model) -> Any:
     return PropertyRun(request.config.stash[SESSION], spec_model, request.node)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Say what caught a failing property (a rule, a distribution check, or a crash), in the report
+    itself, so that it reaches the results file (and the xdist controller) without parsing text."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or not report.failed or item.get_closest_marker(MARKER) is None:
+        return
+    exc = call.excinfo.value
+    kind = getattr(exc, "kind", None)
+    failure = (
+        {"kind": kind, "rule": str(exc.rule)}
+        if kind in ("rule", "statistical")
+        else {"kind": "crash", "rule": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    )
+    report.user_properties.append((FAILURE_KEY, failure))
+
+
 class ResultCollector:
     """Gathers check records from test reports (on the xdist controller too: reports travel)."""
 
@@ -243,35 +264,40 @@ class ResultCollector:
                 "outcome": "error" if report.when != "call" and report.failed else report.outcome,
                 "duration_s": report.duration,
                 "message": report.longreprtext[-8000:] if report.failed else "",
+                "failure": next((value for key, value in report.user_properties if key == FAILURE_KEY), None),
             }
         )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the results file (controller only) and render the reports from it."""
-        if self.session.report_dir is None or hasattr(session.config, "workerinput"):
+        run = self.session
+        if (run.report_dir is None and run.results_path is None) or hasattr(session.config, "workerinput"):
             return
         from spectest import results
 
-        run = self.session
         env = results.environment(
             device=run.device, seed=run.seed, alpha=run.alpha, budget=run.budget.name, tolerance=run.tolerance
         )
         env["models"] = [results.describe_model(m) for m in run.models]
-        directory = Path(run.report_dir)
         document = results.document(env, run.tests, run.results)
-        results.write_atomically(directory / "results.json", document)  # first: nothing renders before it exists
-        try:
-            from spectest.report import render
+        written: list[str] = []
+        if run.results_path is not None:
+            results.write_atomically(Path(run.results_path), document)
+            written.append(str(run.results_path))
+        if run.report_dir is not None:
+            directory = Path(run.report_dir)
+            results.write_atomically(directory / "results.json", document)  # first: nothing renders before it
+            written.append(str(directory / "results.json"))
+            try:
+                from spectest.report import render
 
-            written = render(results.finite(document), directory)
-        except Exception as exc:  # a rendering problem must not hide the results file
-            written = [f"(report rendering failed: {type(exc).__name__}: {exc})"]
+                written += map(str, render(results.finite(document), directory))
+            except Exception as exc:  # a rendering problem must not hide the results file
+                written.append(f"(report rendering failed: {type(exc).__name__}: {exc})")
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(
-                f"spectest: results written to {directory / 'results.json'}; " + ", ".join(map(str, written))
-            )
+            reporter.write_line(f"spectest: results written to {', '.join(written)}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -65,6 +65,8 @@ class Verifier(Protocol):
 class ContractViolation(AssertionError):
     """An implementation broke an exact rule of the protocol (raised as a test failure)."""
 
+    kind = "rule"  # what the results file says caught the implementation
+
     def __init__(self, model: str, rule: str, detail: str) -> None:
         self.model = model
         self.rule = rule

@@ -7,7 +7,10 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
   not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601),
   ``models`` [{name, source, capabilities, filter_order, sampling_params}]
 * ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
-  (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated)
+  (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated),
+  ``failure`` (null unless failed: ``kind`` "rule" (an exact rule, named in ``rule``),
+  "statistical" (a distribution check, named in ``rule``) or "crash" (anything else: the
+  exception, in ``rule``))
 * ``checks``: one entry per distribution check: ``model``, ``property``, ``check``, ``method``,
   ``passed``, ``statistic``, ``df``, ``p_value``, ``g_statistic``, ``log_e_value``, ``alpha``,
   ``n``, ``observed_tv``, ``tv_interval`` [low, high], ``min_detectable_tv``, ``tolerance``,
@@ -79,7 +82,14 @@ RESULTS_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "required": ["model", "property", "nodeid", "outcome", "duration_s", "message"],
-                "properties": {"outcome": {"enum": ["passed", "failed", "skipped", "error"]}},
+                "properties": {
+                    "outcome": {"enum": ["passed", "failed", "skipped", "error"]},
+                    "failure": {
+                        "type": ["object", "null"],
+                        "required": ["kind", "rule"],
+                        "properties": {"kind": {"enum": ["rule", "statistical", "crash"]}, "rule": {"type": "string"}},
+                    },
+                },
             },
         },
         "checks": {

@@ -31,6 +31,12 @@ from spectest.stats import FitResult
 class StatisticalFailure(AssertionError):
     """A distribution check rejected exactness at the run's per-check significance level."""
 
+    kind = "statistical"
+
+    def __init__(self, message: str, *, check: str) -> None:
+        super().__init__(message)
+        self.rule = check  # the distribution check that rejected, e.g. "joint sequence distribution"
+
 
 class PropertyRun:
     def __init__(self, session: SpecSession, model: Model, node: pytest.Item) -> None:
@@ -192,5 +198,6 @@ class PropertyRun:
                 f"[{self.model.name}] output is not distributed as the target ({context}).\n"
                 f"{result.summary()}\n"
                 f"A correct implementation fails this check with probability {self.alpha:.2g}.\n"
-                f"replay: {self.replay}"
+                f"replay: {self.replay}",
+                check=result.check.partition(", pooled ")[0],
             )

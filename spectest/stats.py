@@ -350,3 +350,51 @@ def plan_draws(
         else:
             low = middle
     return high, mde(high)
+
+
+@dataclass
+class SignTest:
+    """A one-sided sign test over rounds, decided as soon as the outcome is certain.
+
+    H0: in every round the event (say, "this pass cost more than 1.1x the model") happens with
+    probability at most 1/2, i.e. the round's median sits on the right side of the margin. The
+    test rejects when the event happens in at least ``needed`` of ``rounds`` rounds, where
+    P(Binomial(rounds, 1/2) >= needed) <= alpha: valid whatever the noise distribution, and
+    stopping once rejection is certain or impossible changes no verdict. Power: a true event
+    probability pi rejects with probability P(Binomial(rounds, pi) >= needed) (:meth:`power`).
+    """
+
+    alpha: float
+    rounds: int
+    needed: int
+    hits: int = 0
+    seen: int = 0
+
+    @classmethod
+    def plan(cls, alpha: float, misses: int = 1) -> SignTest:
+        """The fewest rounds that reject at ``alpha`` while tolerating ``misses`` rounds without the event."""
+        rounds = misses + 1
+        while stats.binom.sf(rounds - misses - 1, rounds, 0.5) > alpha:
+            rounds += 1
+        return cls(alpha=alpha, rounds=rounds, needed=rounds - misses)
+
+    def add(self, event: bool) -> None:
+        if not self.decided:
+            self.seen += 1
+            self.hits += bool(event)
+
+    @property
+    def rejected(self) -> bool:
+        return self.hits >= self.needed
+
+    @property
+    def decided(self) -> bool:
+        return self.rejected or self.hits + (self.rounds - self.seen) < self.needed
+
+    @property
+    def p_value(self) -> float:
+        """P(Binomial(rounds, 1/2) >= hits): unseen rounds count as misses (conservative)."""
+        return float(stats.binom.sf(self.hits - 1, self.rounds, 0.5)) if self.hits else 1.0
+
+    def power(self, event_probability: float) -> float:
+        return float(stats.binom.sf(self.needed - 1, self.rounds, event_probability))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -13,6 +14,7 @@ from pathlib import Path
 class Outcome:
     outcome: str  # passed, failed, error, skipped
     text: str
+    failure: dict | None = None  # from the results file: {"kind": rule|statistical|crash, "rule": ...}
 
 
 @dataclass
@@ -20,13 +22,16 @@ class Run:
     returncode: int
     output: str
     results: dict[tuple[str, str], Outcome]  # (model id, test name) -> outcome
+    document: dict | None = None  # the run's results file (spectest.results/1), when it wrote one
 
 
 def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
     """``python -m pytest ARGS`` in ``workdir`` (outside the repo, as a user would run it)."""
     xml = workdir / "results.xml"
+    results_file = workdir / "spectest-results.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, f"--junitxml={xml}", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *args, f"--junitxml={xml}", "-p", "no:cacheprovider",
+         "--spec-results", str(results_file)],  # fmt: skip
         cwd=workdir,
         capture_output=True,
         text=True,
@@ -45,4 +50,8 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
                         (node.get("message") or "") + (node.text or ""),
                     )
             results[(model.rstrip("]"), name)] = Outcome(outcome, text)
-    return Run(proc.returncode, proc.stdout + proc.stderr, results)
+    document = json.loads(results_file.read_text()) if results_file.exists() else None
+    for test in document["tests"] if document else []:
+        if (test["model"], test["property"]) in results:
+            results[(test["model"], test["property"])].failure = test.get("failure")
+    return Run(proc.returncode, proc.stdout + proc.stderr, results, document)

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from simulators import CostModel, break_even_acceptance
-from spectest.bench import BenchConfig, SweepPoint, break_even, run_point
-from spectest.decoding import CostedMarkovLM, plain_decode, speculative_decode, uniform_acceptance_pair
+from simulators import CostModel, break_even_acceptance, speedup
+from spectest.bench import PhaseFit, PointRound, SpeedPoint, break_even, round_costs
+from spectest.clock import OWN_CLOCK
+from spectest.decoding import (
+    CostedMarkovLM,
+    DecodeResult,
+    plain_decode,
+    rolled_table,
+    speculative_decode,
+    uniform_acceptance_pair,
+)
 from spectest.protocol import Model
 from spectest.reference import verify
 from spectest.sampling import make_generator
@@ -21,17 +30,27 @@ CPU = torch.device("cpu")
 
 def test_costed_model_outputs_exactly_its_table():
     table = np.random.default_rng(0).dirichlet(np.ones(7), size=8)
-    model = CostedMarkovLM(table, hidden=32, layers=3)
+    model = CostedMarkovLM(table, hidden=32, layers=3, weight_mb=0.5)
     tokens = torch.tensor([[7, 0, 3, 6], [1, 1, 2, 5]])
+    assert model.bulk is not None and model.bulk.numel() * 4 == 2**19  # half a megabyte read per forward
     assert torch.equal(model.forward(tokens), torch.as_tensor(table, dtype=torch.float32)[tokens])
 
 
 @pytest.mark.parametrize("mix", [0.0, 0.3, 1.0])
 def test_uniform_acceptance_pair_accepts_equally_everywhere(mix):
     target, draft, acceptance = uniform_acceptance_pair(16, mix, seed=3)
-    per_context = np.minimum(target, draft).sum(axis=1)
-    assert per_context == pytest.approx(np.full(17, acceptance))
-    assert np.allclose(target.sum(1), 1) and np.allclose(draft.sum(1), 1)
+    assert target.shape == draft.shape == (17, 16)
+    per_context = torch.minimum(target, draft).double().sum(dim=1)
+    assert per_context.numpy() == pytest.approx(np.full(17, acceptance))
+    assert torch.allclose(target.sum(1), torch.ones(17)) and torch.allclose(draft.sum(1), torch.ones(17))
+    assert not torch.equal(target[0], target[1])  # contexts differ (rotations), acceptance does not
+
+
+def test_rolled_table_is_a_view_at_large_vocabularies():
+    row = np.random.default_rng(0).dirichlet(np.ones(128256))
+    table = rolled_table(row)
+    assert table.shape == (128257, 128256) and table.untyped_storage().nbytes() == 2 * 128256 * 4
+    assert torch.equal(table[5], torch.as_tensor(np.roll(row, -5), dtype=torch.float32))
 
 
 def test_speculative_decoding_with_the_target_as_draft_emits_k_plus_one_per_pass():
@@ -50,25 +69,71 @@ def test_plain_decoding_follows_the_first_token_distribution():
     model = CostedMarkovLM(target, hidden=8, layers=1)
     result = plain_decode(model, batch=20_000, tokens=1, start=8, generator=make_generator(1), device=CPU)
     observed = np.bincount(result.tokens[:, 0].numpy(), minlength=8) / 20_000
-    assert np.abs(observed - target[8]).max() < 0.02  # 20k draws: sd < 0.0036 per cell
+    assert np.abs(observed - target[8].numpy()).max() < 0.02  # 20k draws: sd < 0.0036 per cell
 
 
-def test_run_point_reports_consistent_figures():
-    config = BenchConfig(vocab=16, target_hidden=64, draft_hidden=16, layers=2, k=3, tokens=60, repeats=3)
-    point = run_point(REFERENCE, config, mix=0.3)
-    assert sum(point.tokens_per_pass_counts) > 0 and len(point.tokens_per_pass_counts) == 4
-    assert point.costs["cost_ratio"] > 0 and point.speedup_measured > 0
-    assert point.ratio == pytest.approx(point.speedup_measured / point.speedup_predicted)
+def test_loops_split_their_time_into_phases_and_stop_after_the_passes_asked():
+    target, draft, _ = uniform_acceptance_pair(16, 0.5, seed=1)
+    models = [CostedMarkovLM(t, hidden=8, layers=1) for t in (target, draft)]
+    spec = speculative_decode(
+        *models, REFERENCE, batch=2, tokens=0, passes=7, k=3, start=16, generator=make_generator(0), device=CPU,
+        phases=True,
+    )  # fmt: skip
+    assert spec.passes == 7 and spec.tokens_per_pass.shape == (2, 7) and spec.phases.shape == (7, 4)
+    assert spec.emitted == int(spec.tokens_per_pass.sum())
+    assert (spec.phases > 0).all() and spec.phases.sum() <= spec.seconds
+    plain = plain_decode(models[0], batch=2, tokens=5, start=16, generator=make_generator(0), device=CPU, phases=True)
+    assert plain.phases.shape == (5, 2) and plain.phases.sum() <= plain.seconds
 
 
-def _point(acceptance: float, speedup: float) -> SweepPoint:
-    costs = {"cost_ratio": 0.2, "verify_growth": 0.0, "overhead": 0.0, "plain_overhead": 0.0, "pass_cost": 4 * 0.2 + 1}
-    return SweepPoint(0.0, acceptance, acceptance, 1.0, 1.0, speedup, 1.0, costs, [1])
+def test_own_clock_counts_a_sleep_and_names_itself():
+    started = OWN_CLOCK()
+    time.sleep(0.05)
+    elapsed = OWN_CLOCK() - started
+    if OWN_CLOCK.counts_waits:  # wall minus run-queue delay: a sleep is the thread's own time
+        assert elapsed >= 0.049 and "schedstat" in OWN_CLOCK.name
+    else:  # CPU time: a sleep costs nothing
+        assert elapsed < 0.049 and OWN_CLOCK.name == "thread CPU time"
+
+
+def test_phase_fit_separates_bonus_and_rejection_costs():
+    rejected = np.array([0.0, 1.0, 0.0, 1.0, 0.5])
+    fit = PhaseFit.fit(2.0 + 3.0 * rejected, rejected)
+    assert fit.bonus == pytest.approx(2.0) and fit.reject == pytest.approx(5.0) and fit.at(0.25) == pytest.approx(2.75)
+    flat = PhaseFit.fit(np.array([1.0, 3.0]), np.array([1.0, 1.0]))  # r never varies: the mean at both ends
+    assert flat.bonus == flat.reject == 2.0
+
+
+def _decode(seconds: float, phases: list[list[float]], counts: list[int], k: int = 4) -> DecodeResult:
+    return DecodeResult(
+        torch.zeros((1, 1)), seconds, passes=len(counts), tokens_per_pass=torch.tensor([counts]),
+        emitted=sum(counts), k=k, phases=np.array(phases),
+    )  # fmt: skip
+
+
+def test_round_costs_give_leviathans_terms_from_the_phases():
+    plain = _decode(0.012, [[0.01, 0.002]], [1])  # t1 = 10 ms, a plain token 12 ms
+    # Two passes: a bonus (L = 5) and a rejection (L = 1); the verify call costs 1 ms more on the rejection.
+    reference = _decode(0.0, [[0.004, 0.011, 0.002, 0.001], [0.004, 0.011, 0.003, 0.001]], [5, 1])
+    costs = round_costs([plain], [reference], k=4)
+    model = costs.cost_model()
+    assert model.cost_ratio == pytest.approx(0.1) and model.verify_growth == pytest.approx(0.025)
+    assert model.overhead == pytest.approx(0.3) and model.rejection_overhead == pytest.approx(0.1)
+    assert model.plain_overhead == pytest.approx(0.2)
+    assert costs.pass_cost(1.0) == pytest.approx(0.019) and costs.pass_cost_without_verify(0.0) == pytest.approx(0.016)
+    # speedup(a) = E[L](a) (1 + o_plain) / (K c + 1 + d K + o + o_r (1 - a^K)), in seconds the same:
+    assert speedup(1.0, 4, model) == pytest.approx(5 * 0.012 / 0.018)
+
+
+def _point(acceptance: float, speedup_measured: float) -> SpeedPoint:
+    point = SpeedPoint(0.0, acceptance)
+    point.rounds.append(PointRound(0, 10, 1, 0.0, 1.0, 1.0, 0.5, 10 / speedup_measured, 1.0))
+    return point
 
 
 def test_break_even_interpolates_the_crossing_and_predicts_from_costs():
     points = [_point(0.2, 0.8), _point(0.5, 0.95), _point(0.7, 1.15), _point(0.9, 1.6)]
-    even = break_even(points, k=4)
+    even = break_even(points, 4, CostModel(0.2))
     assert even.bracket == (0.5, 0.7)
     assert even.measured == pytest.approx(0.5 + 0.2 * (0.05 / 0.2))
     assert even.predicted == pytest.approx(break_even_acceptance(4, CostModel(0.2)))
@@ -77,18 +142,15 @@ def test_break_even_interpolates_the_crossing_and_predicts_from_costs():
 def test_bench_cli_json(capsys):
     from spectest.cli import main
 
-    code = main(["bench", "--mixes", "0.2", "--tokens", "30", "--target-hidden", "32", "--draft-hidden", "8",
-                 "--layers", "1", "--vocab", "8", "--json"])  # fmt: skip
+    code = main(["bench", "--mixes", "0.2", "--tokens", "4", "--passes", "2", "--rounds", "2", "--vocab", "64",
+                 "--target-mb", "0.1", "--draft-mb", "0.01", "--json"])  # fmt: skip
     assert code == 0
     document = json.loads(capsys.readouterr().out)
-    assert document["schema"] == "spectest.bench/1" and document["verifier"] == "reference"
-    assert set(document["points"][0]) >= {
-        "acceptance_measured",
-        "speedup_measured",
-        "speedup_predicted",
-        "ratio",
-        "costs",
-    }
+    assert document["schema"] == "spectest.bench/2" and document["verifier"] == "reference"
+    assert set(document["costs"]) == {"cost_ratio", "verify_growth", "overhead", "rejection_overhead", "plain_overhead"}
+    point = document["points"][0]
+    assert point["rounds"] == 2 and sum(point["counts"]) == 4 and len(point["model_probs"]) == 5
+    assert point["ratio"] > 0 and point["pass_cost_ratio"] > 0 and 0 < point["acceptance"] < 1
 
 
 @pytest.mark.parametrize("args, message", [(["--mixes", "2"], "need comma-separated values in [0, 1]"),

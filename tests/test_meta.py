@@ -135,3 +135,25 @@ def test_correct_logits_samplers_pass_over_many_seeds(tmp_path, seed):
     run = run_pytest([*args, "--spec-seed", str(seed), str(REPO / SAMPLING)], tmp_path)
     assert_all_as_expected(run, CORRECT_LOGITS)
     assert len(run.results) == len(NEEDS) * len(CORRECT_LOGITS), run.output[-3000:]
+
+
+SLOW = ["full_residual_every_position", "sleeps_per_rejection"]
+SPEED = "test_measured_speedup_follows_the_model"
+
+
+def test_speed_property_passes_the_reference_and_fails_slow_verifiers(tmp_path):
+    """Exact but slow verifiers (tests/verifiers/slow.py) fail the speed property by its cost rule;
+    the reference passes it; the report plots the sweep."""
+    args = ["--spec-model", "reference"] + [
+        a for name in SLOW for a in ("--spec-model", f"{VERIFIERS / 'slow.py'}:{name}")
+    ]
+    run = run_pytest([*args, "-k", "speed", "--spec-report", str(tmp_path / "report")], tmp_path)
+    assert run.results[("reference", SPEED)].outcome == "passed", run.output[-3000:]
+    for name in SLOW:
+        outcome = run.results[(f"slow.py:{name}", SPEED)]
+        assert outcome.outcome == "failed", f"{name} should fail the speed property:\n{run.output[-3000:]}"
+        assert outcome.failure == {"kind": "rule", "rule": "a pass costs at most x1.1 the model's"}, outcome.text
+    figures = [f for f in run.document["figures"] if f.get("speed_points")]
+    assert {f["model"] for f in figures} == {"reference", *(f"slow.py:{name}" for name in SLOW)}
+    assert all(len(f["speed_points"]) == 4 and f["break_even_predicted"] is not None for f in figures)
+    assert "Speedup against acceptance" in (tmp_path / "report" / "report.html").read_text()

@@ -18,6 +18,7 @@ from simulators import (
     acceptance_for_speedup,
     acceptance_probability,
     break_even_acceptance,
+    expected_tokens_iid,
     operations_factor,
     optimal_k,
     speedup,
@@ -91,12 +92,26 @@ def test_position_dependent_matches_iid_and_sums_to_one(alpha, k, c, d, o):
     assert speedup(alpha, k, cost) == pytest.approx(iid.mean / (k * c + 1 + d * k + o))
 
 
-def test_acceptance_for_speedup_inverts_speedup():
-    cost = CostModel(0.1, 0.02)
+@pytest.mark.parametrize(
+    "cost", [CostModel(0.1, 0.02), CostModel(0.1, 0.02, 0.3, 0.4, 0.2), CostModel(0.1, 0, 0.3, -0.2)]
+)
+def test_acceptance_for_speedup_inverts_speedup(cost):
     for target in (1.2, 2.0, 3.0):
         a = acceptance_for_speedup(target, 6, cost)
         assert speedup(a, 6, cost) == pytest.approx(target, rel=1e-9)
     assert acceptance_for_speedup(100.0, 6, cost) is None
+
+
+def test_rejection_and_plain_overheads():
+    """A pass ends in a rejection with probability 1 - a^K and then costs o_r more; plain tokens cost 1 + o_plain."""
+    cost = CostModel(0.1, 0.05, overhead=0.3, rejection_overhead=0.2, plain_overhead=0.25)
+    a, k = 0.7, 4
+    expected = expected_tokens_iid(a, k) * 1.25 / (k * 0.1 + 1 + 0.05 * k + 0.3 + 0.2 * (1 - a**k))
+    assert speedup(a, k, cost) == pytest.approx(expected)
+    assert speedup(1.0, k, cost) == pytest.approx(5 * 1.25 / (k * 0.1 + 1 + 0.05 * k + 0.3))  # no rejections
+    assert break_even_acceptance(k, cost) < break_even_acceptance(k, CostModel(0.1, 0.05, 0.5, 0.0, 0.25))
+    with pytest.raises(ValueError, match="rejection_overhead must be finite"):
+        CostModel(0.1, overhead=0.1, rejection_overhead=-0.2)
 
 
 def test_optimal_k_is_the_argmax():
