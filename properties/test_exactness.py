@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from hypothesis import strategies as st
 
+from spectest import rules
 from spectest import strategies as sst
 from spectest.cases import repeat_rows, to_tensor
 from spectest.loop import generate, sequence_index
@@ -21,6 +21,7 @@ from spectest.models import markov_pair
 from spectest.positions import check_every_position
 from spectest.sampling import RepeatedCategorical
 
+POSITIONS = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 1536))
 MAX_SEQUENCES = 400_000  # per case; the plan asks for fewer (see spectest.checks)
 MAX_CASE_ELEMENTS = 400_000_000  # probabilities handed to the verifier per case, over all calls
 MAX_CALL_ELEMENTS = 8_000_000  # per verify call
@@ -34,7 +35,7 @@ def test_sequences_follow_the_target(spec) -> None:
         shape = [case.vocab] * case.length
         probs = target.sequence_probs(case.length)
         check = spec.distribution(
-            "joint sequence distribution", probs[None, :], case_seed=case.seed, min_draws=1000,
+            rules.JOINT, probs[None, :], case_seed=case.seed, min_draws=1000,
             max_draws=MAX_SEQUENCES, cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",
         )  # fmt: skip
         draft_gen, verify_gen = spec.generators(case.seed)
@@ -42,9 +43,9 @@ def test_sequences_follow_the_target(spec) -> None:
         while not check.done:
             batch = check.next_batch(50_000)
             run = generate(
-                spec.model, target, draft, n_sequences=batch, length=case.length, k=case.k,
+                spec.verify, target, draft, n_sequences=batch, length=case.length, k=case.k,
                 draft_generator=draft_gen, verify_generator=verify_gen, device=spec.device,
-                dtype=getattr(torch, case.dtype), timeout=spec.session.timeout,
+                dtype=getattr(torch, case.dtype),
             )  # fmt: skip
             passes += run.passes
             counts = torch.bincount(sequence_index(run.tokens, case.vocab), minlength=probs.size)
@@ -82,7 +83,7 @@ def test_every_row_and_position_is_exact(spec) -> None:
         )  # fmt: skip
 
     spec.given(
-        sst.chain_cases(batch=st.integers(65, 96), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=1536)),
+        POSITIONS.chain_cases(),
         body,
         explicit=[
             sst.ChainCase(

@@ -17,12 +17,14 @@ import time
 import numpy as np
 import pytest
 import torch
-from hypothesis import strategies as st
 
+from spectest import rules
 from spectest import strategies as sst
 from spectest.cases import RepeatedBatch, to_tensor
 from spectest.models import target_distribution
 
+REJECTIONS = sst.CaseRanges(batch=(65, 512), max_elements=20_000_000)
+BONUSES = sst.CaseRanges(batch=(65, 128), k=(1, 8), vocab=(2, 1100))
 REPEATS = 4  # independent verify calls per forced-rejection case (exact checks: cheap)
 MAX_CASE_ELEMENTS = 400_000_000  # probabilities handed to the verifier per case, over all calls
 MAX_CALL_ELEMENTS = 8_000_000  # per verify call
@@ -82,7 +84,7 @@ def test_rejection_discards_every_later_position(spec) -> None:
                 r = int(wrong[0])
                 spec.require(
                     False,
-                    "a rejection at position k emits exactly k + 1 tokens",
+                    rules.REJECTION_LENGTH,
                     f"row {r}: drafts {drafts_np[r].tolist()}, p = q before position {reject_at[r]} and "
                     f"p(draft) = 0 there, so exactly {reject_at[r] + 1} tokens must come out; got "
                     f"{emitted[r].tolist()} ({case})",
@@ -95,16 +97,14 @@ def test_rejection_discards_every_later_position(spec) -> None:
                 r = int(bad[0])
                 spec.require(
                     False,
-                    "the correction at a rejection comes from norm(max(0, p - q))",
+                    rules.CORRECTION_FROM_RESIDUAL,
                     f"row {r}: rejected draft {drafts_np[r, reject_at[r]]} at position {reject_at[r]} was "
                     f"replaced by token {int(correction[r])} of target probability {float(p_correction[r]):.3g} "
                     f"({case})",
                 )
 
     spec.given(
-        sst.chain_cases(
-            batch=st.integers(65, 512), k=sst.draft_lengths(max_k=16), vocab=sst.vocab_sizes(), max_elements=20_000_000
-        ),
+        REJECTIONS.chain_cases(),
         body,
     )
 
@@ -117,7 +117,7 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
         b, k, v = case.batch, case.k, case.vocab
         per_rep = b * (2 * k + 1) * v
         check = spec.distribution(
-            "bonus-token distribution", target_np[:, k], case_seed=case.seed, min_draws=20,
+            rules.BONUS, target_np[:, k], case_seed=case.seed, min_draws=20,
             max_draws=max(20, MAX_CASE_ELEMENTS // per_rep), labels=[f"row {r}: " for r in range(b)],
         )  # fmt: skip
         draft_gen, verify_gen = spec.generators(case.seed)
@@ -132,11 +132,13 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
                 draft_probs = torch.zeros_like(draft_probs).scatter_(-1, drafts.unsqueeze(-1), 1.0)
             target_probs[:, :k] = draft_probs  # p = q at every draft position: all K accepted
             emitted = spec.verify(drafts, draft_probs, target_probs, verify_gen)
-            short = (emitted[:, :k] != drafts).any(dim=1).nonzero()
+            # All K accepted means K + 1 tokens: the drafts, then the bonus (a correction that happens
+            # to equal its draft still leaves the bonus slot empty).
+            short = ((emitted != -1).sum(dim=1) < k + 1).nonzero()
             if short.numel():
                 r = int(short[0])
                 spec.require(
-                    False, "drafts with p = q are always accepted",
+                    False, rules.EQUAL_DRAFTS_ACCEPTED,
                     f"row {r % b}: p = q at all {k} positions, drafts {drafts[r].tolist()}, got {emitted[r].tolist()} "
                     f"({case})",
                 )  # fmt: skip
@@ -146,6 +148,6 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
         spec.conclude(check, context=f"bonus of {check.draws} all-accepted passes per row, {case}", started=started)
 
     spec.given(
-        sst.chain_cases(batch=st.integers(65, 128), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=1100)),
+        BONUSES.chain_cases(),
         body,
     )

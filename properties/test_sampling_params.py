@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from spectest import rules
 from spectest import strategies as sst
 from spectest.cases import repeat_rows
 from spectest.positions import check_every_position
@@ -25,7 +26,10 @@ from spectest.sampling_params import SamplingParams
 
 MAX_CASE_ELEMENTS = 60_000_000
 MAX_CALL_ELEMENTS = 8_000_000
-CASES = sst.logits_cases(batch=st.integers(8, 24), k=sst.draft_lengths(max_k=6), vocab=sst.vocab_sizes(max_size=1024))
+RANGES = sst.CaseRanges(batch=(8, 24), k=(1, 6), vocab=(2, 1024))
+GREEDY = sst.CaseRanges(batch=(1, 32), k=(1, 8), vocab=(2, 32000))
+SEEDED = sst.CaseRanges(batch=(4, 24), k=(1, 6), vocab=(2, 1024))
+CASES = RANGES.logits_cases()
 # Every run sees a batch that mixes greedy rows, temperatures and every filter row by row.
 MIXED = sst.LogitsCase(batch=24, k=4, vocab=700, seed=7, greedy_share=0.25, filter_share=0.6, masked_share=0.3)
 # ... and one where every sampled row uses a single filter, each filter in a third of the rows.
@@ -101,16 +105,13 @@ def test_greedy_rows_equal_greedy_decoding(spec) -> None:
         )
         spec.require(
             wrong.size == 0,
-            "temperature 0 rows equal greedy decoding of the target",
+            rules.GREEDY_IS_ARGMAX,
             f"{wrong.size} of {int(greedy.sum())} greedy rows differ ({detail}); "
             f"{int((~greedy).sum())} random rows shared the batch; {case}",
         )
 
     spec.given(
-        sst.logits_cases(
-            batch=st.integers(1, 32), k=sst.draft_lengths(max_k=8), vocab=sst.vocab_sizes(max_size=32000),
-            greedy_share=st.sampled_from((0.5, 1.0)),
-        ),
+        GREEDY.logits_cases(greedy_share=st.sampled_from((0.5, 1.0))),
         body,
         explicit=[sst.LogitsCase(batch=16, k=8, vocab=32000, seed=9, greedy_share=0.5)],
     )  # fmt: skip
@@ -132,7 +133,7 @@ def test_drafts_follow_the_reported_probs(spec) -> None:
         reported_np = reported.double().cpu().numpy()
         expected = reported_np / reported_np.sum(-1, keepdims=True)
         check = spec.distribution(
-            "drafted tokens against the reported draft_probs", expected.reshape(b * k, v), case_seed=case.seed,
+            rules.REPORTED_DRAFTS, expected.reshape(b * k, v), case_seed=case.seed,
             min_draws=20, max_draws=max(20, MAX_CASE_ELEMENTS // (2 * b * k * v)),
             labels=[f"row {r}{label} pos {i}: " for r, label in enumerate(inputs.row_labels()) for i in range(k)],
         )  # fmt: skip
@@ -140,18 +141,20 @@ def test_drafts_follow_the_reported_probs(spec) -> None:
         while not check.done:
             reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // (b * k * v)))
             tokens, probs = spec.propose(repeat_rows(draft_logits, reps), params.repeat(reps), propose_gen)
-            drift = (probs.double() - repeat_rows(reported.double(), reps)).abs().amax().item()
-            spec.require(
-                torch.allclose(probs.double(), repeat_rows(reported.double(), reps), rtol=1e-4, atol=1e-6),
-                "draft_probs depend only on the inputs",
-                f"copies of the same rows reported draft_probs differing by up to {drift:.3g}; {case}",
-            )
+            copies = probs.view(reps, b, k, v)
+            if not bool(torch.isclose(copies, reported.unsqueeze(0), rtol=1e-4, atol=1e-6).all()):
+                drift = (copies.double() - reported.double().unsqueeze(0)).abs().amax().item()
+                spec.require(
+                    False,
+                    rules.DRAFT_PROBS_DETERMINISTIC,
+                    f"copies of the same rows reported draft_probs differing by up to {drift:.3g}; {case}",
+                )
             rows = torch.arange(b, device=spec.device).repeat(reps).unsqueeze(1)
             counts = torch.bincount(((rows * k + slots) * v + tokens).flatten(), minlength=b * k * v)
             check.add(counts.view(b * k, v).cpu().numpy(), reps)
             spec.require_possible(
                 check, lambda g, c: f"row {g // k} position {g % k} token {c}", str(case),
-                rule="never drafts a token it reported probability zero for", source="reported draft",
+                rule=rules.NEVER_DRAFTS_IMPOSSIBLE, source="reported draft",
             )  # fmt: skip
         context = f"{check.draws} proposals of {b} rows x {k} positions, {case}"
         spec.conclude(check, context=context, started=started)
@@ -226,13 +229,12 @@ def test_seeded_rows_ignore_the_rest_of_the_batch(spec) -> None:
         )
         spec.require(
             differ.numel() == 0,
-            "a seeded row's output depends only on the row and its seed",
+            rules.SEEDED_ROWS,
             f"{differ.numel()} of {mine.numel()} seeded placements differ: {detail}; {case}",
         )
 
     spec.given(
-        sst.logits_cases(batch=st.integers(4, 24), k=sst.draft_lengths(max_k=6), vocab=sst.vocab_sizes(max_size=1024),
-                         greedy_share=st.just(0.0), seeded=True),
+        SEEDED.logits_cases(greedy_share=st.just(0.0), seeded=True),
         body,
         explicit=[sst.LogitsCase(batch=16, k=4, vocab=300, seed=5, greedy_share=0.0, seeded=True)],
     )  # fmt: skip

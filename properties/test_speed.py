@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spectest import rules
 from spectest.bench import SPEED_MARGIN, BenchConfig, SpeedBench, break_even, point_record, reference_model
 from spectest.stats import SignTest
 
@@ -82,7 +83,7 @@ def test_measured_speedup_follows_the_model(spec) -> None:
     for point, too_slow, too_fast in zip(bench.points, slow, fast, strict=True):
         spec.require(
             not too_slow.rejected,
-            f"a pass costs at most x{SPEED_MARGIN} the model's",
+            rules.PASS_COST,
             f"at acceptance {point.acceptance_exact:.3f} a pass cost more than {SPEED_MARGIN}x the model's (efficient "
             f"verification) in {too_slow.hits} of {too_slow.seen} rounds: model/measured "
             f"{point.pass_cost_ratio:.3f} (median), speedup {point.speedup_measured:.3f}x instead of "
@@ -90,7 +91,7 @@ def test_measured_speedup_follows_the_model(spec) -> None:
         )
         spec.require(
             not too_fast.rejected,
-            "no pass costs less than with a free verifier",
+            rules.PASS_COST_FLOOR,
             f"at acceptance {point.acceptance_exact:.3f} a pass cost less than the model with a free verifier "
             f"(divided by {SPEED_MARGIN}) in {too_fast.hits} of {too_fast.seen} rounds; sign test p = "
             f"{too_fast.p_value:.2g} <= {level:.2g}\n{context}",

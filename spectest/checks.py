@@ -15,6 +15,7 @@ with probability at most ``alpha`` whatever happens.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
+from spectest.clock import Ledger
 from spectest.sequential import MixtureEProcess
 from spectest.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
 
@@ -60,12 +62,19 @@ class DistributionCheck:
         cell_name: Callable[[int], str] | None = None,
         seed: int = 0,
         time_budget: float | None = None,
+        spent: Callable[[], float] | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         """``probs`` [G, C]: exact probabilities of each group's cells; ``reach`` [G]: expected
         samples per group per draw (1 if every draw lands in every group); ``views``: pooling
         orders by name (default: by probability, and by token id); ``time_budget``: seconds of
-        sampling after which the check concludes with the draws it has (at least ``min_draws``).
-        Elapsed time does not depend on the counts, so stopping on it keeps the fixed test valid."""
+        the implementation's own time (``spent()``, cumulative) after which the check concludes
+        with the draws it has (at least ``min_draws``). Time does not depend on the counts, so
+        stopping on it keeps the fixed test valid; ``ledger`` accounts the statistics' own time."""
+        self.ledger = ledger
+        self.time_budget = time_budget or None
+        self.spent = spent or time.perf_counter
+        self.started = self.spent()
         self.name = name
         self.probs = probs
         groups, cells = probs.shape
@@ -80,18 +89,20 @@ class DistributionCheck:
         self.alpha_fixed = alpha - self.alpha_sequential
         self.alpha_view = self.alpha_fixed / len(views)
         self.tolerance = tolerance
-        self.planned, self.planned_mde = plan_draws(
-            self.reach, (probs > 0).sum(axis=1), probs.max(axis=1), alpha=self.alpha_view, tolerance=tolerance,
-            min_draws=min_draws, max_draws=max_draws,
-        )  # fmt: skip
-        self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
+        with self._statistics():
+            self.planned, self.planned_mde = plan_draws(
+                self.reach, (probs > 0).sum(axis=1), probs.max(axis=1), alpha=self.alpha_view, tolerance=tolerance,
+                min_draws=min_draws, max_draws=max_draws,
+            )  # fmt: skip
+            self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
         self.counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
         self.draws = 0
         self.next_look = min(FIRST_BATCH, self.planned)
         self.min_draws = min_draws
-        self.time_budget = time_budget or None
-        self.started = time.perf_counter()
+
+    def _statistics(self) -> contextlib.AbstractContextManager[None]:
+        return self.ledger.measure("statistics") if self.ledger is not None else contextlib.nullcontext()
 
     def _view(self, name: str, orders: Orders) -> _View:
         """Bins of one view, pooled at the planned expected counts (fixed before sampling)."""
@@ -117,7 +128,7 @@ class DistributionCheck:
         if self.time_budget is not None and self.draws == 0:
             return min(size, max(1, self.min_draws))  # a first, small batch measures the speed
         if self.time_budget is not None:
-            elapsed = time.perf_counter() - self.started
+            elapsed = max(1e-9, self.spent() - self.started)
             room = int((self.time_budget - elapsed) / (elapsed / self.draws))
             size = min(size, max(1, room, self.min_draws - self.draws))
         return size
@@ -126,6 +137,10 @@ class DistributionCheck:
         """Fold in the cell counts [G, C] of ``draws`` more draws. The e-processes look at doubling
         draw counts (256, 512, ...) and at the plan: gross bugs stop after a few hundred draws,
         and monitoring costs a handful of updates however many calls the sampling took."""
+        with self._statistics():
+            self._add(counts, draws)
+
+    def _add(self, counts: np.ndarray, draws: int) -> None:
         self.counts += counts
         self.pending += counts
         self.draws += draws
@@ -154,7 +169,7 @@ class DistributionCheck:
         return (
             self.time_budget is not None
             and self.draws >= self.min_draws
-            and time.perf_counter() - self.started >= self.time_budget
+            and self.spent() - self.started >= self.time_budget
         )
 
     @property
@@ -171,6 +186,10 @@ class DistributionCheck:
 
     def result(self) -> FitResult:
         """The verdict: the view with the smallest p-value, its p-value Bonferroni-corrected."""
+        with self._statistics():
+            return self._result()
+
+    def _result(self) -> FitResult:
         fits = []
         for view in self.views:
             groups = [

@@ -18,7 +18,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 
@@ -75,3 +75,41 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(threads)
         if collecting:
             gc.enable()
+
+
+def cpu_time() -> float:
+    """CPU seconds of the whole process, every thread included: work, not waiting."""
+    return time.process_time()
+
+
+class Ledger:
+    """Time spent per category inside one property run: the implementation's calls, the
+    statistics, and (the rest of the run) the harness generating inputs. It decides when a slow
+    implementation has used its budget, on a clock that time given to other processes never
+    moves: the process's CPU time for CPU work (the calling thread's own time would count its
+    wait for torch's helper threads, which a busy machine delays), the own clock for a GPU (where
+    the host mostly waits on the device)."""
+
+    def __init__(self, clock: Callable[[], float] = OWN_CLOCK) -> None:
+        self.clock = clock
+        self.spent: dict[str, float] = {}
+        self.started = clock()
+
+    @contextlib.contextmanager
+    def measure(self, category: str) -> Iterator[None]:
+        started = self.clock()
+        try:
+            yield
+        finally:
+            self.spent[category] = self.spent.get(category, 0.0) + self.clock() - started
+
+    def total(self, category: str) -> float:
+        return self.spent.get(category, 0.0)
+
+    def split(self) -> dict[str, float]:
+        """Seconds by category, the rest of the run as ``inputs`` (case generation and bookkeeping)."""
+        elapsed = self.clock() - self.started
+        split = {"calls_s": self.total("calls"), "statistics_s": self.total("statistics")}
+        split["inputs_s"] = max(0.0, elapsed - sum(split.values()))
+        split["total_s"] = elapsed
+        return split

@@ -7,7 +7,9 @@ continues from there. All rows advance together; a row stops once it holds ``len
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -29,8 +31,12 @@ def as_tensor(table: MarkovChain, *, device: torch.device, dtype: torch.dtype) -
     return torch.as_tensor(table.table, dtype=dtype, device=device)
 
 
+# (draft_token_ids, draft_probs, target_probs, generator) -> emitted: a contract-checked verify call
+VerifyCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
+
+
 def generate(
-    model: Model,
+    model: Model | VerifyCall,
     target: MarkovChain,
     draft: MarkovChain,
     *,
@@ -46,8 +52,10 @@ def generate(
 ) -> Generation:
     """``n_sequences`` independent sequences of ``length`` tokens from speculative decoding.
 
-    ``initial_contexts`` [n]: the context each row starts in (default: start of sequence); the
-    tokens returned are the ones generated after it."""
+    ``model``: a Model (called through the contract) or a verify call (a property run's, which
+    also accounts the implementation's time). ``initial_contexts`` [n]: the context each row
+    starts in (default: start of sequence); the tokens returned are the ones generated after it."""
+    call = partial(call_verify, model, timeout=timeout) if isinstance(model, Model) else model
     target_table = as_tensor(target, device=device, dtype=dtype)
     draft_table = as_tensor(draft, device=device, dtype=dtype)
     tokens = torch.full((n_sequences, length + k + 1), PAD, dtype=torch.int64, device=device)
@@ -77,9 +85,7 @@ def generate(
             contexts.append(context)
         draft_ids = torch.stack(drafts, dim=1)
         target_probs = target_table[torch.stack(contexts, dim=1)]
-        emitted = call_verify(
-            model, draft_ids, torch.stack(draft_rows, dim=1), target_probs, verify_generator, timeout=timeout
-        )
+        emitted = call(draft_ids, torch.stack(draft_rows, dim=1), target_probs, verify_generator)
         present = emitted != PAD
         where = filled.unsqueeze(1) + slots
         row_index = active.unsqueeze(1).expand_as(where)

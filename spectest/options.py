@@ -14,7 +14,7 @@ T = TypeVar("T")
 
 DEFAULT_ALPHA = 1e-4
 DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_PROPERTY_SECONDS = 60.0
+DEFAULT_RUN_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -157,11 +157,17 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"default": None, "metavar": "SECONDS"},
     ),
     (
+        "--spec-run-seconds",
+        "spec_run_seconds",
+        f"time the implementation's own calls may take in the run's distribution checks, per model (default "
+        f"{DEFAULT_RUN_SECONDS:g}; 0: no limit), shared by the properties in proportion to their planned checks; "
+        "a slower implementation gets fewer draws, and each check reports the larger effect it could still detect",
+        {"default": None, "metavar": "SECONDS"},
+    ),
+    (
         "--spec-property-seconds",
         "spec_property_seconds",
-        f"sampling time one property may spend on its distribution checks (default {DEFAULT_PROPERTY_SECONDS:g}; "
-        "0: no limit); a slower implementation gets fewer draws, and each check reports the larger effect it "
-        "could still detect",
+        "at most this much of the implementation's own time per property (default: its share of --spec-run-seconds)",
         {"default": None, "metavar": "SECONDS"},
     ),
 ]

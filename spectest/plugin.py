@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from spectest import options
-from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_PROPERTY_SECONDS, DEFAULT_TIMEOUT_S, Budget
+from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_RUN_SECONDS, DEFAULT_TIMEOUT_S, Budget
 
 if TYPE_CHECKING:
     from spectest.protocol import Model
@@ -39,7 +39,8 @@ class SpecSession:
     tolerance: float
     timeout: float
     shrink: bool
-    property_seconds: float = DEFAULT_PROPERTY_SECONDS
+    run_seconds: float = DEFAULT_RUN_SECONDS
+    property_seconds: float | None = None
     report_dir: str | None = None
     results_path: str | None = None
     models: list[Model] = field(default_factory=list)
@@ -51,6 +52,17 @@ class SpecSession:
         """Bonferroni: the run's alpha shared equally by the model's statistical checks."""
         return self.alpha / max(1, self.checks_per_model.get(model, 1))
 
+    def implementation_budget(self, model: str, planned_checks: int) -> float | None:
+        """Own time a property's distribution checks may spend in the implementation's calls: its
+        share of --spec-run-seconds by planned checks (counted at collection, like alpha), capped
+        by --spec-property-seconds; None for no limit."""
+        limits = []
+        if self.run_seconds:
+            limits.append(self.run_seconds * planned_checks / max(1, self.checks_per_model.get(model, planned_checks)))
+        if self.property_seconds:
+            limits.append(self.property_seconds)
+        return min(limits) if limits else None
+
     def replay_command(self, model: Model, test_name: str) -> str:
         parts = ["pytest", "--spec-model", model.source, "--spec-seed", str(self.seed)]
         if self.device != "cpu":
@@ -61,7 +73,9 @@ class SpecSession:
             parts += ["--spec-alpha", repr(self.alpha)]
         if self.tolerance != self.budget.tolerance:
             parts += ["--spec-tolerance", repr(self.tolerance)]
-        if self.property_seconds != DEFAULT_PROPERTY_SECONDS:
+        if self.run_seconds != DEFAULT_RUN_SECONDS:
+            parts += ["--spec-run-seconds", repr(self.run_seconds)]
+        if self.property_seconds is not None:
             parts += ["--spec-property-seconds", repr(self.property_seconds)]
         parts += ["-k", test_name]
         return shlex.join(parts)
@@ -133,7 +147,8 @@ def pytest_configure(config: pytest.Config) -> None:
         budget=budget,
         tolerance=_parse(config, "spec_tolerance", options.tolerance, budget.tolerance),
         timeout=_parse(config, "spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
-        property_seconds=_parse(config, "spec_property_seconds", options.positive_seconds, DEFAULT_PROPERTY_SECONDS),
+        run_seconds=_parse(config, "spec_run_seconds", options.positive_seconds, DEFAULT_RUN_SECONDS),
+        property_seconds=_parse(config, "spec_property_seconds", options.positive_seconds, None),
         shrink=not config.getoption("spec_no_shrink"),
         report_dir=_option(config, "spec_report"),
         results_path=_option(config, "spec_results"),
@@ -230,6 +245,9 @@ def spec(request: pytest.FixtureRequest, spec_model: Model) -> Any:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Say what caught a failing property (a rule, a distribution check, or a crash), in the report
     itself, so that it reaches the results file (and the xdist controller) without parsing text."""
+    run = getattr(item, "funcargs", {}).get("spec")
+    if call.when == "call" and hasattr(run, "finish"):
+        run.finish()  # before the report copies the item's records
     outcome = yield
     report = outcome.get_result()
     if call.excinfo is None or not report.failed or item.get_closest_marker(MARKER) is None:
@@ -338,9 +356,18 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         if limited:
             models = sorted({r["model"] for r in limited})
             write(
-                f"{len(limited)} checks were cut short by --spec-property-seconds ({session.property_seconds:g} s per "
-                f"property) on {', '.join(models)}: they drew {sum(r['draws'] for r in limited)} of "
+                f"{len(limited)} checks ran below plan on {', '.join(models)}: the implementation's own time in its "
+                f"calls reached its budget (--spec-run-seconds {session.run_seconds:g} per model, shared by "
+                f"planned checks); they drew {sum(r['draws'] for r in limited)} of "
                 f"{sum(r['planned_draws'] for r in limited)} planned draws, and can detect a TV of "
                 f"{statistics.median(r['min_detectable_tv'] for r in limited):.3f} (median) instead of "
                 f"{session.tolerance:g}"
             )
+    timings = [r["timing"] for r in session.results if "timing" in r]
+    if timings:
+        total = {key: sum(t[key] for t in timings) for key in ("inputs_s", "calls_s", "statistics_s", "total_s")}
+        write(
+            f"time in the properties ({total['total_s']:.1f} s of CPU): implementation calls "
+            f"{total['calls_s']:.1f} s, generating inputs {total['inputs_s']:.1f} s, statistics "
+            f"{total['statistics_s']:.1f} s"
+        )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from spectest import rules
 from spectest.checks import token_id_orders
 from spectest.protocol import PAD
 
@@ -63,7 +64,7 @@ def check_every_position(
     per_rep = b * (2 * k + 1) * v
     row_labels = row_labels or [""] * b
     check = spec.distribution(
-        "per-row, per-position distribution", target.reshape(b * k1, v), case_seed=seed,
+        rules.PER_POSITION, target.reshape(b * k1, v), case_seed=seed,
         reach=reach_probabilities(target, draft).ravel(), min_draws=20,
         max_draws=max(20, max_case_elements // per_rep),
         views={

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spectest import rules
+
 if TYPE_CHECKING:
     import torch
 
@@ -153,7 +155,7 @@ def time_limit(seconds: float | None, model: str, what: str) -> Iterator[None]:
         return
 
     def on_alarm(signum: int, frame: Any) -> None:
-        raise ContractViolation(model, "returns in time", f"{what} did not return within {seconds} s")
+        raise ContractViolation(model, rules.RETURNS_IN_TIME, f"{what} did not return within {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -194,7 +196,7 @@ def guarded_call(model: Model, what: str, inputs: str, timeout: float | None, fn
         raise
     except Exception as exc:  # the implementation's own error: report it, don't crash the harness
         raise ContractViolation(
-            model.name, "does not raise", f"{what}({inputs}) raised {type(exc).__name__}: {exc}"
+            model.name, rules.DOES_NOT_RAISE, f"{what}({inputs}) raised {type(exc).__name__}: {exc}"
         ) from exc
 
 
@@ -232,7 +234,7 @@ def call_propose(
     b, k, v = draft_logits.shape
     inputs = f"B={b}, K={k}, V={v}, dtype={draft_logits.dtype}, device={draft_logits.device}"
     out = guarded_call(model, "propose", inputs, timeout, model.propose, draft_logits, params, generator=generator)
-    rule = "propose returns (draft_token_ids int64 [B, K], draft_probs [B, K, V])"
+    rule = rules.PROPOSE_SHAPES
     import torch
 
     if not (isinstance(out, tuple | list) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
@@ -244,11 +246,11 @@ def call_propose(
             f"got tokens {tuple(tokens.shape)} {tokens.dtype} and probs {tuple(probs.shape)} for {inputs}",
         )  # fmt: skip
     if tokens.device != draft_logits.device or probs.device != draft_logits.device:
-        raise ContractViolation(model.name, "output on the input device", f"inputs on {draft_logits.device}")
+        raise ContractViolation(model.name, rules.OUTPUT_DEVICE, f"inputs on {draft_logits.device}")
     if bool(((tokens < 0) | (tokens >= v)).any()):
         row, col = (int(i) for i in ((tokens < 0) | (tokens >= v)).nonzero()[0])
         raise ContractViolation(
-            model.name, "drafted ids lie in [0, V)", f"row {row} slot {col} holds {int(tokens[row, col])} ({inputs})"
+            model.name, rules.DRAFTED_IDS_IN_RANGE, f"row {row} slot {col} holds {int(tokens[row, col])} ({inputs})"
         )
     wide = probs.double()
     tolerance = 1e-3 if probs.dtype in (torch.float32, torch.float64) else 2e-2
@@ -257,7 +259,7 @@ def call_propose(
     if bool(bad.any()):
         row, col = (int(i) for i in bad.nonzero()[0])
         raise ContractViolation(
-            model.name, "draft_probs are distributions",
+            model.name, rules.DRAFT_PROBS_ARE_DISTRIBUTIONS,
             f"row {row} position {col}: sum {float(sums[row, col]):.6g}, min {float(wide[row, col].min()):.3g} "
             f"({inputs})",
         )  # fmt: skip
@@ -274,23 +276,21 @@ def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab
 
     b, k = draft_token_ids.shape
     if not isinstance(emitted, torch.Tensor):
-        raise ContractViolation(model, "returns a tensor", f"got {type(emitted).__name__} for {inputs}")
+        raise ContractViolation(model, rules.RETURNS_A_TENSOR, f"got {type(emitted).__name__} for {inputs}")
     if tuple(emitted.shape) != (b, k + 1):
         raise ContractViolation(
-            model, "output shape is [B, K+1]", f"expected {(b, k + 1)}, got {tuple(emitted.shape)} for {inputs}"
+            model, rules.OUTPUT_SHAPE, f"expected {(b, k + 1)}, got {tuple(emitted.shape)} for {inputs}"
         )
     if emitted.dtype != torch.int64:
-        raise ContractViolation(model, "output dtype is int64", f"got {emitted.dtype} for {inputs}")
+        raise ContractViolation(model, rules.OUTPUT_DTYPE, f"got {emitted.dtype} for {inputs}")
     if emitted.device != draft_token_ids.device:
-        raise ContractViolation(
-            model, "output on the input device", f"got {emitted.device}, inputs on {draft_token_ids.device}"
-        )
+        raise ContractViolation(model, rules.OUTPUT_DEVICE, f"got {emitted.device}, inputs on {draft_token_ids.device}")
     out_of_range = (emitted < PAD) | (emitted >= vocab_size)
     if bool(out_of_range.any()):
         row, col = (int(i) for i in out_of_range.nonzero()[0])
         raise ContractViolation(
             model,
-            "ids lie in [0, V) or are -1 padding",
+            rules.IDS_IN_RANGE,
             f"row {row} slot {col} holds {int(emitted[row, col])} with V={vocab_size} ({inputs})",
         )
     present = emitted != PAD
@@ -302,7 +302,7 @@ def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab
         row = int(bad.nonzero()[0])
         raise ContractViolation(
             model,
-            "tokens then -1 padding, at least one token",
+            rules.TOKENS_THEN_PADDING,
             f"row {row} is {emitted[row].tolist()} ({inputs})",
         )
     # Every token before the last emitted one must be the draft token at that slot.
@@ -312,7 +312,7 @@ def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab
         row, col = (int(i) for i in mismatch.nonzero()[0])
         raise ContractViolation(
             model,
-            "accepted tokens are the draft prefix",
+            rules.ACCEPTED_ARE_DRAFTS,
             f"row {row} slot {col} holds {int(emitted[row, col])} but the draft there is "
             f"{int(draft_token_ids[row, col])}, and a later slot is filled: {emitted[row].tolist()} "
             f"(drafts {draft_token_ids[row].tolist()}; {inputs})",

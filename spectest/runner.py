@@ -7,6 +7,7 @@ therefore replayed exactly by its seed, and a failing case shrinks without ever 
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -19,13 +20,29 @@ import torch
 from hypothesis import Phase
 from hypothesis import strategies as st
 
+from spectest import rules
 from spectest.checks import DistributionCheck
+from spectest.clock import OWN_CLOCK, Ledger, cpu_time
 from spectest.plugin import MARKER, RESULT_KEY, SpecSession, examples_for
 from spectest.profiles import profile_for_budget
 from spectest.protocol import ContractViolation, Model, call_propose, call_verify, call_verify_logits
 from spectest.sampling import make_generator
 from spectest.sampling_params import SamplingParams
 from spectest.stats import FitResult
+
+
+def share_cores_with_other_workers() -> None:
+    """Under pytest-xdist, give each worker's torch its share of the cores (unless the user chose a
+    thread count): N workers with a full pool each oversubscribe the machine, and on 2 cores that
+    made the suite twice as slow as one process."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if (
+        workers > 1
+        and "OMP_NUM_THREADS" not in os.environ
+        and not getattr(share_cores_with_other_workers, "done", False)
+    ):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share_cores_with_other_workers.done = True  # type: ignore[attr-defined]
 
 
 class StatisticalFailure(AssertionError):
@@ -54,9 +71,12 @@ class PropertyRun:
         self.replay = session.replay_command(model, self.test_name)
         # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
         self.standard = "standard-rejection" in model.capabilities
-        self.started = time.perf_counter()
+        self.ledger = Ledger(cpu_time if self.device.type == "cpu" else OWN_CLOCK)
+        share_cores_with_other_workers()
         self.checks_started = 0
         self.planned_checks = self.examples * int(marker.kwargs.get("checks", 1))
+        # Own time the implementation's calls may take in this property's distribution checks.
+        self.budget = session.implementation_budget(model.name, self.planned_checks)
 
     def __repr__(self) -> str:
         return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
@@ -65,18 +85,24 @@ class PropertyRun:
         """A distribution check at this run's per-check level and tolerance (see spectest.checks)."""
         return DistributionCheck(
             name, probs, alpha=self.alpha, tolerance=self.session.tolerance, seed=case_seed,
-            time_budget=self._check_budget(), **kwargs,
+            time_budget=self._check_budget(), spent=lambda: self.ledger.total("calls"), ledger=self.ledger, **kwargs,
         )  # fmt: skip
 
     def _check_budget(self) -> float | None:
-        """Seconds the next distribution check may sample: what is left of the property's time,
-        shared equally by the checks still to come (each still takes its minimum draws)."""
+        """Own time the implementation may spend in the next distribution check: what is left of
+        the property's budget, shared equally by the checks still to come (each still takes its
+        minimum draws). Only the implementation's own time counts, so a busy machine, or slow
+        input generation, never cuts a check short."""
         self.checks_started += 1
-        limit = self.session.property_seconds
-        if not limit:
+        if self.budget is None:
             return None
         remaining_checks = max(1, self.planned_checks - self.checks_started + 1)
-        return max(1e-9, (limit - (time.perf_counter() - self.started)) / remaining_checks)
+        return max(1e-9, (self.budget - self.ledger.total("calls")) / remaining_checks)
+
+    def finish(self) -> None:
+        """Record how the property's time split between inputs, the implementation and the statistics."""
+        if self.checks_started or self.ledger.total("calls"):
+            self.record({"timing": self.ledger.split()})
 
     def given(
         self, strategy: st.SearchStrategy[Any], body: Callable[[Any], None], *, explicit: Sequence[Any] = ()
@@ -117,9 +143,10 @@ class PropertyRun:
         target_probs: torch.Tensor,
         generator: torch.Generator,
     ) -> torch.Tensor:
-        return call_verify(
-            self.model, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
-        )
+        with self.ledger.measure("calls"):
+            return call_verify(
+                self.model, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
+            )
 
     def verify_logits(
         self,
@@ -129,14 +156,17 @@ class PropertyRun:
         params: SamplingParams,
         generator: torch.Generator,
     ) -> torch.Tensor:
-        return call_verify_logits(
-            self.model, draft_token_ids, draft_logits, target_logits, params, generator, timeout=self.session.timeout
-        )
+        with self.ledger.measure("calls"):
+            return call_verify_logits(
+                self.model, draft_token_ids, draft_logits, target_logits, params, generator,
+                timeout=self.session.timeout,
+            )  # fmt: skip
 
     def propose(
         self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)
+        with self.ledger.measure("calls"):
+            return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)
 
     def require_capability(self, *capabilities: str) -> None:
         """Skip (with the reason) a property the model has not declared it supports."""
@@ -162,7 +192,7 @@ class PropertyRun:
         describe: Callable[[int, int], str],
         context: str,
         *,
-        rule: str = "never emits a token the target gives probability zero",
+        rule: str = rules.NEVER_IMPOSSIBLE,
         source: str = "target",
     ) -> None:
         """Exact check: no cell of expected probability zero was ever observed."""
@@ -192,6 +222,10 @@ class PropertyRun:
             "context": context,
             "duration_s": time.perf_counter() - started if started is not None else None,
         }
+        if result.time_limited:
+            record["below_plan_because"] = (
+                f"the implementation's own time in its calls reached this property's budget of {self.budget:.3g} s"
+            )
         self.node.user_properties.append((RESULT_KEY, record))
         if not result.passed:
             raise StatisticalFailure(

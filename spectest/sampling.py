@@ -34,26 +34,27 @@ def inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     of every row, which cost most of a verifier's time at large V.
     """
     rows, vocab = weights.shape
-    full = vocab // BLOCK
+    width = min(BLOCK, vocab)  # a small vocabulary is one block: no padding to 256 columns
+    full = vocab // width
     device = weights.device
     parts = []
     if full:
-        parts.append(weights[:, : full * BLOCK].view(rows, full, BLOCK).sum(-1, dtype=torch.float64))
-    if vocab % BLOCK:
-        parts.append(weights[:, full * BLOCK :].sum(-1, keepdim=True, dtype=torch.float64))
+        parts.append(weights[:, : full * width].view(rows, full, width).sum(-1, dtype=torch.float64))
+    if vocab % width:
+        parts.append(weights[:, full * width :].sum(-1, keepdim=True, dtype=torch.float64))
     sums = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     cumulative = sums.cumsum(-1)
     target = u.to(torch.float64).unsqueeze(1) * cumulative[:, -1:]
     block = torch.searchsorted(cumulative, target, right=True)
     last_block = sums.shape[1] - 1 - (sums > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
     block = torch.minimum(block, last_block)
-    cells = block * BLOCK + torch.arange(BLOCK, device=device)
+    cells = block * width + torch.arange(width, device=device)
     inside = cells < vocab
     values = weights.gather(1, cells.clamp(max=vocab - 1)).to(torch.float64) * inside
     local = (target - (cumulative.gather(1, block) - sums.gather(1, block))).clamp_min(0)
     within = torch.searchsorted(values.cumsum(-1), local, right=True)
-    last_cell = BLOCK - 1 - (values > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
-    return (block * BLOCK + torch.minimum(within, last_cell)).squeeze(1)
+    last_cell = width - 1 - (values > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
+    return (block * width + torch.minimum(within, last_cell)).squeeze(1)
 
 
 class RepeatedCategorical:

@@ -184,5 +184,7 @@ def process_logits(
         if rows.numel():  # filter only the rows that use it: the sorts dominate the cost
             kept = probs[rows] * KEEP[name](probs[rows], values[rows])
             probs = probs.index_copy(0, rows, kept / kept.sum(dim=-1, keepdim=True))
+    if not bool(greedy.any()):
+        return probs
     argmax = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(probs.dtype)
     return torch.where(_per_row(greedy, probs).bool(), argmax, probs)

@@ -6,7 +6,9 @@ per row and position) add their statistics and degrees of freedom: one call of
 ``scipy.stats.power_divergence`` over the concatenated bins with ``ddof = groups - 1`` gives
 exactly that, for Pearson's statistic (the verdict) and the G statistic (reported beside it).
 A check too sparse for any pooled degree of freedom falls back to a Monte Carlo test
-(``scipy.stats.monte_carlo_test``).
+(``scipy.stats.monte_carlo_test``) where the level is within reach of its resamples; below
+that it reports the check as too sparse (minimum detectable TV 1: only the exact rules and the
+e-process speak for it).
 
 Power: for pooled cell probabilities p0 and an alternative p1 at total variation distance
 delta, Cauchy-Schwarz gives sum (p1 - p0)^2 / p0 >= (sum |p1 - p0|)^2 = 4 delta^2, so the
@@ -17,6 +19,7 @@ chi-square power at that worst case: any deviation of at least that TV between p
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -277,6 +280,9 @@ def _sparse_check(check: str, groups: list[Group], *, alpha: float, seed: int) -
 
     if probs.size < 2:
         return FitResult(check, 0.0, 0, 1.0, alpha, n_total, 0.0, 1.0, method="degenerate")
+    tv = 0.5 * float(np.abs(counts / n - probs).sum())
+    if alpha * (MAX_MONTE_CARLO + 1) < 1:  # no affordable resampling can reach a p-value this small
+        return FitResult(check, 0.0, probs.size - 1, 1.0, alpha, n, tv, 1.0, method="too sparse for this level")
     resamples = int(min(MAX_MONTE_CARLO, max(9999, math.ceil(2 / alpha))))
     result = stats.monte_carlo_test(
         counts.astype(np.float64),
@@ -288,7 +294,6 @@ def _sparse_check(check: str, groups: list[Group], *, alpha: float, seed: int) -
         alternative="greater",
         axis=-1,
     )
-    tv = 0.5 * float(np.abs(counts / n - probs).sum())
     return FitResult(
         check, float(result.statistic), probs.size - 1, float(result.pvalue), alpha, n, tv, 1.0, method="monte-carlo"
     )
@@ -298,6 +303,13 @@ def min_detectable_tv(n: float, df: int, alpha: float, power: float = DEFAULT_PO
     """Smallest TV distance (between pooled cells, in every group) detected with ``power``."""
     if n <= 0 or df <= 0:
         return 1.0
+    return min(1.0, float(np.sqrt(required_noncentrality(df, alpha, power) / (4 * n))))
+
+
+@functools.lru_cache(maxsize=4096)
+def required_noncentrality(df: int, alpha: float, power: float) -> float:
+    """The noncentrality at which a level-``alpha`` chi-square test on ``df`` degrees of freedom
+    has ``power`` (it does not depend on the sample size: plans reuse it)."""
     critical = stats.chi2.isf(alpha, df)
 
     def shortfall(noncentrality: float) -> float:
@@ -307,8 +319,7 @@ def min_detectable_tv(n: float, df: int, alpha: float, power: float = DEFAULT_PO
     while shortfall(upper) < 0:
         upper *= 2
     # Round up so the stated power is met, not missed by the root-finder's tolerance.
-    noncentrality = optimize.brentq(shortfall, 1e-9, upper, xtol=1e-9) * (1 + 1e-6)
-    return min(1.0, float(np.sqrt(noncentrality / (4 * n))))
+    return float(optimize.brentq(shortfall, 1e-9, upper, xtol=1e-9)) * (1 + 1e-6)
 
 
 def plan_draws(

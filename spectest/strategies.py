@@ -112,6 +112,39 @@ def chain_cases(
     )
 
 
+@dataclass(frozen=True)
+class CaseRanges:
+    """The sizes a property draws, in one place: the strategy is built from them, and the README
+    quotes :meth:`describe` (a test keeps the two in step). ``max_elements`` caps B (2K + 1) V per
+    case, cutting B then K (see :func:`chain_cases`)."""
+
+    batch: tuple[int, int] = (1, 512)
+    k: tuple[int, int] = (1, 16)
+    vocab: tuple[int, int] = (2, 131072)
+    max_elements: int | None = None
+
+    def describe(self) -> str:
+        text = f"B {self.batch[0]}-{self.batch[1]}, K {self.k[0]}-{self.k[1]}, V {self.vocab[0]}-{self.vocab[1]}"
+        return text + (f", B (2K + 1) V <= {self.max_elements:,}" if self.max_elements else "")
+
+    def chain_cases(self, **kwargs: object) -> st.SearchStrategy[ChainCase]:
+        return chain_cases(
+            batch=batch_sizes(min_size=self.batch[0], max_size=self.batch[1]),
+            k=draft_lengths(min_k=self.k[0], max_k=self.k[1]),
+            vocab=vocab_sizes(min_size=self.vocab[0], max_size=self.vocab[1]),
+            max_elements=self.max_elements,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def logits_cases(self, **kwargs: object) -> st.SearchStrategy[LogitsCase]:
+        return logits_cases(
+            batch=batch_sizes(min_size=self.batch[0], max_size=self.batch[1]),
+            k=draft_lengths(min_k=self.k[0], max_k=self.k[1]),
+            vocab=vocab_sizes(min_size=self.vocab[0], max_size=self.vocab[1]),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
 def max_length(vocab: int, max_cells: int) -> int:
     """Longest L with vocab ** L <= max_cells (at least 2)."""
     length = 1
@@ -152,7 +185,7 @@ from spectest.logits_cases import LogitsCase, LogitsInputs, build_logits, logits
 from spectest.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [
-    "TILE_EDGES", "ChainCase", "LogitsCase", "LogitsInputs", "MarkovCase", "SamplingParams", "batch_sizes",
+    "TILE_EDGES", "CaseRanges", "ChainCase", "LogitsCase", "LogitsInputs", "MarkovCase", "SamplingParams", "batch_sizes",
     "build_chain", "build_logits", "chain_cases", "draft_lengths", "kind_pairs", "logits_cases", "markov_cases",
     "max_length", "seeds", "vocab_sizes",
 ]  # fmt: skip

@@ -29,9 +29,9 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
     """``python -m pytest ARGS`` in ``workdir`` (outside the repo, as a user would run it)."""
     xml = workdir / "results.xml"
     results_file = workdir / "spectest-results.json"
+    command = [sys.executable, "-m", "pytest", *args, f"--junitxml={xml}", "-p", "no:cacheprovider"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, f"--junitxml={xml}", "-p", "no:cacheprovider",
-         "--spec-results", str(results_file)],  # fmt: skip
+        [*command, "--spec-results", str(results_file)],
         cwd=workdir,
         capture_output=True,
         text=True,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -200,12 +199,12 @@ def test_context_free_prefix_bound_by_enumeration():
     assert context_free_prefix_bound(target, draft, 1) == pytest.approx(acceptance_probability(target[0], draft[0]))
 
 
-def test_exact_markov_model_is_fast_for_v64_k8():
+def test_exact_markov_model_handles_v64_k8():
+    """The DP at the README's size (its speed is a figure for `python -m timeit`, not a timed test)."""
     model = markov_model(7, 64, "dirichlet", "close")
-    started = time.perf_counter()
-    model.tokens_per_pass(8)
-    model.long_run_tokens_per_pass(8)
-    assert time.perf_counter() - started < 1.0  # typically a few milliseconds; see the README
+    per_context = model.tokens_per_pass(8).probs
+    assert per_context.shape == (65, 9) and np.allclose(per_context.sum(axis=1), 1)
+    assert 1 < model.long_run_tokens_per_pass(8) < 9
 
 
 def test_reference_through_the_real_loop_matches_the_exact_long_run():

@@ -99,3 +99,16 @@ def test_min_detectable_tv_is_detected_with_the_promised_power(n, df):
 @given(st.integers(10, 10**6), st.integers(1, 5000))
 def test_min_detectable_tv_shrinks_with_more_samples(n, df):
     assert min_detectable_tv(4 * n, df, 1e-5) <= min_detectable_tv(n, df, 1e-5) + 1e-12
+
+
+def test_a_check_too_sparse_to_pool_falls_back_to_monte_carlo_where_its_level_is_reachable():
+    """Eight draws over three cells leave no pooled degree of freedom: at alpha = 0.01 a Monte
+    Carlo test judges them (all eight on a 1% cell is rejected, a typical sample is not); at
+    1e-7 no affordable resampling reaches the level, and the check says it is too sparse."""
+    probs = np.array([0.49, 0.5, 0.01])
+    wrong = chisquare_groups("sparse", [Group(np.array([0, 0, 8]), probs)], alpha=0.01, seed=1)
+    assert wrong.method == "monte-carlo" and not wrong.passed
+    right = chisquare_groups("sparse", [Group(np.array([4, 4, 0]), probs)], alpha=0.01, seed=1)
+    assert right.method == "monte-carlo" and right.passed
+    tiny = chisquare_groups("sparse", [Group(np.array([0, 0, 8]), probs)], alpha=1e-7, seed=1)
+    assert tiny.method == "too sparse for this level" and tiny.passed and tiny.min_detectable_tv == 1.0

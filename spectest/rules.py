@@ -1,0 +1,45 @@
+"""Every rule and check the harness can fail an implementation with, named once.
+
+A failure names one of these (the results file's ``failure.rule``), the properties raise them,
+and the meta-tests assert that each known-buggy verifier is caught by the one its bug breaks.
+Exact rules need no statistics; checks are distribution checks at the run's significance level.
+"""
+
+from __future__ import annotations
+
+# The output contract of every call (spectest.protocol)
+RETURNS_A_TENSOR = "returns a tensor"
+OUTPUT_SHAPE = "output shape is [B, K+1]"
+OUTPUT_DTYPE = "output dtype is int64"
+OUTPUT_DEVICE = "output on the input device"
+IDS_IN_RANGE = "ids lie in [0, V) or are -1 padding"
+TOKENS_THEN_PADDING = "tokens then -1 padding, at least one token"
+ACCEPTED_ARE_DRAFTS = "accepted tokens are the draft prefix"
+DOES_NOT_RAISE = "does not raise"
+RETURNS_IN_TIME = "returns in time"
+PROPOSE_SHAPES = "propose returns (draft_token_ids int64 [B, K], draft_probs [B, K, V])"
+DRAFTED_IDS_IN_RANGE = "drafted ids lie in [0, V)"
+DRAFT_PROBS_ARE_DISTRIBUTIONS = "draft_probs are distributions"
+
+# Exact rules of the properties
+NEVER_IMPOSSIBLE = "never emits a token the target gives probability zero"
+NEVER_DRAFTS_IMPOSSIBLE = "never drafts a token it reported probability zero for"
+REJECTION_LENGTH = "a rejection at position k emits exactly k + 1 tokens"
+CORRECTION_FROM_RESIDUAL = "the correction at a rejection comes from norm(max(0, p - q))"
+EQUAL_DRAFTS_ACCEPTED = "drafts with p = q are always accepted"
+DETERMINISTIC = "every random draw uses the generator passed in"
+INPUTS_UNMODIFIED = "inputs are not modified"
+COUPLING_BOUND = "lossless: never beats the maximal-coupling bound"
+GREEDY_IS_ARGMAX = "temperature 0 rows equal greedy decoding of the target"
+DRAFT_PROBS_DETERMINISTIC = "draft_probs depend only on the inputs"
+SEEDED_ROWS = "a seeded row's output depends only on the row and its seed"
+PASS_COST = "a pass costs at most x1.1 the model's"
+PASS_COST_FLOOR = "no pass costs less than with a free verifier"
+
+# Distribution checks (statistical)
+JOINT = "joint sequence distribution"
+PER_POSITION = "per-row, per-position distribution"
+BONUS = "bonus-token distribution"
+TOKENS_PER_CALL = "tokens emitted per call"
+TOKENS_PER_PASS = "tokens per pass by start context"
+REPORTED_DRAFTS = "drafted tokens against the reported draft_probs"

@@ -1,0 +1,71 @@
+"""Figures the README states that the code can produce are produced here, so they cannot drift."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from spectest.options import BUDGETS, DEFAULT_ALPHA
+from spectest.plugin import MARKER, examples_for
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+MODULES = [
+    "test_exactness",
+    "test_rejection_chain",
+    "test_hygiene",
+    "test_acceptance",
+    "test_sampling_params",
+    "test_speed",
+]
+
+
+def properties() -> list:
+    functions = []
+    for name in MODULES:
+        module = importlib.import_module(f"properties.{name}")
+        functions += [f for f in vars(module).values() if callable(f) and getattr(f, "pytestmark", None)]
+    return [f for f in functions if any(m.name == MARKER for m in f.pytestmark)]
+
+
+def checks_per_model(budget: str) -> int:
+    """What the plugin splits --spec-alpha over for one model running the whole suite."""
+    total = 0
+    for function in properties():
+        marker = next(m for m in function.pytestmark if m.name == MARKER)
+        total += int(marker.kwargs.get("checks", 1)) * examples_for(marker, BUDGETS[budget])
+    return total
+
+
+def budget_row(name: str) -> str:
+    budget, checks = BUDGETS[name], checks_per_model(name)
+    return f"| `{name}` | x{budget.examples:g} | TV {budget.tolerance:g} | {checks} | {DEFAULT_ALPHA / checks:.3g} |"
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS))
+def test_readme_states_each_budgets_checks_and_per_check_level(name):
+    assert budget_row(name) in README, f"the README's budget table should have the row\n{budget_row(name)}"
+
+
+def test_readme_states_each_propertys_case_ranges():
+    from properties import test_acceptance, test_exactness, test_hygiene, test_rejection_chain, test_sampling_params
+
+    ranges = {
+        "test_every_row_and_position_is_exact": test_exactness.POSITIONS,
+        "test_rejection_discards_every_later_position": test_rejection_chain.REJECTIONS,
+        "test_all_accepted_then_bonus_from_its_own_row": test_rejection_chain.BONUSES,
+        "test_same_generator_state_gives_same_output": test_hygiene.RANGES,
+        "test_inputs_are_not_modified": test_hygiene.RANGES,
+        "test_tokens_per_call_follow_the_chain_model": test_acceptance.CALLS,
+        "test_logits_rows_follow_the_processed_target": test_sampling_params.RANGES,
+        "test_greedy_rows_equal_greedy_decoding": test_sampling_params.GREEDY,
+        "test_seeded_rows_ignore_the_rest_of_the_batch": test_sampling_params.SEEDED,
+    }
+    rows: dict[str, str] = {}  # the first row naming each property: the suite's table (the matrix comes later)
+    for line in README.splitlines():
+        if line.startswith("| `test_"):
+            rows.setdefault(line.split("`")[1], line)
+    for prop, case_ranges in ranges.items():
+        assert case_ranges.describe() in rows[prop], f"README row of {prop} should say {case_ranges.describe()!r}"
