@@ -17,6 +17,9 @@ import pytest
 from tests import matrix
 from tests.runner_helpers import Run, run_pytest
 
+# Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
+pytestmark = pytest.mark.xdist_group("test_meta")
+
 REPO = Path(__file__).resolve().parent.parent
 VERIFIERS = REPO / "tests" / "verifiers"
 CHAIN = ["reference", "exponential_race", "ignores_draft_probs", "as_object"]

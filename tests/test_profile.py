@@ -18,6 +18,9 @@ from spectest.profile import build_pair, profile_tokens
 from spectest.resolve import resolve_model
 from spectest.sampling import make_generator
 
+# Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
+pytestmark = pytest.mark.xdist_group("test_profile")
+
 ALPHA = 1e-4
 
 

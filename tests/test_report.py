@@ -15,6 +15,9 @@ import pytest
 from spectest import plots, report, results
 from tests.runner_helpers import run_pytest
 
+# Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
+pytestmark = pytest.mark.xdist_group("test_report")
+
 VERIFIERS = Path(__file__).resolve().parent / "verifiers"
 QUICK = ["--spec-budget", "quick", "--spec-no-shrink", "-m", "not spec_speed"]
 
