@@ -136,20 +136,27 @@ def test_every_property_catches_a_known_bug_and_the_readme_prints_the_matrix():
     assert block == matrix.markdown(), "README's matrix is stale: run `python -m tests.matrix`"
 
 
-def test_correct_verifiers_pass_everything(tmp_path):
-    """The correct chain verifiers on the chain properties, the logits-level controls on the sampling
-    properties (the speed property has its own test; the reference is the README's main job), at
-    the quick budget; over many seeds at the default budget in the slow tests."""
-    chain, logits = [m for m in CHAIN if m != "reference"], [m for m in LOGITS if m != "reference"]
-    args = [a for name in chain + logits for a in ("--spec-model", model_arg(name))]
-    sampling = [
-        p for p in matrix.PROPERTIES if p in NEEDS and p != "test_markov_tokens_per_pass_follow_the_exact_model"
-    ]
-    chain_props = [p for p in matrix.PROPERTIES[:-1] if p not in sampling]
-    pairs = {name: chain_props for name in chain} | {name: sampling for name in logits}
-    run = run_pytest([*args, *NOT_SPEED, "--spec-budget", "quick", "-n", "2", "-k", selection(pairs)], tmp_path)
-    assert_all_as_expected(run, chain + logits)
+SAMPLING_PROPERTIES = [p for p in matrix.PROPERTIES if p in NEEDS and "markov" not in p]
+CHAIN_PROPERTIES = [p for p in matrix.PROPERTIES[:-1] if p not in SAMPLING_PROPERTIES]
+
+
+def correct_run(models: list[str], tmp_path: Path, *extra: str) -> None:
+    """The correct chain verifiers on the chain properties and the logits-level controls on the
+    sampling ones (their chain verify is one of the chain verifiers); the reference on both."""
+    pairs = {name: CHAIN_PROPERTIES for name in models if name in CHAIN}
+    for name in models:
+        if name in LOGITS:
+            pairs[name] = pairs.get(name, []) + SAMPLING_PROPERTIES
+    args = [a for name in pairs for a in ("--spec-model", model_arg(name))]
+    run = run_pytest([*args, *NOT_SPEED, "-n", "2", "-k", selection(pairs), *extra], tmp_path, timeout=1800)
+    assert_all_as_expected(run, list(pairs))
     assert len(run.results) == sum(len(props) for props in pairs.values()), run.output[-3000:]
+
+
+def test_correct_verifiers_pass_everything(tmp_path):
+    """Every correct verifier but the reference (the README's main job) at the quick budget; the
+    speed property has its own test; many seeds at the default budget in the slow tests."""
+    correct_run([m for m in dict.fromkeys(CHAIN + LOGITS) if m != "reference"], tmp_path, "--spec-budget", "quick")
 
 
 def test_speed_property_passes_the_reference_and_fails_slow_verifiers(tmp_path):
@@ -204,9 +211,5 @@ SEEDS = 8
 @pytest.mark.parametrize("seed", range(1, SEEDS + 1))
 def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
-    sampler never fails (as_object is the reference behind a method: one seed covers it)."""
-    models = sorted(set(CHAIN + LOGITS) - {"as_object"})
-    args = [a for name in models for a in ("--spec-model", model_arg(name))]
-    run = run_pytest([*args, "--spec-seed", str(seed), *NOT_SPEED, "-n", "2"], tmp_path, timeout=1800)
-    assert_all_as_expected(run, models)
-    assert len(run.results) == (len(matrix.PROPERTIES) - 1) * len(models), run.output[-3000:]
+    sampler never fails (as_object is the reference behind a method: the fast test covers it)."""
+    correct_run([m for m in dict.fromkeys(CHAIN + LOGITS) if m != "as_object"], tmp_path, "--spec-seed", str(seed))
