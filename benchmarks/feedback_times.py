@@ -55,7 +55,9 @@ def measure(label: str, args: list[str], busy: int) -> dict[str, object]:
         "outcome": summary,
         "checks": len(checks),
         "below_plan": len(below),
-        "draws": f"{sum(c['draws'] or 0 for c in below)}/{sum(c['planned_draws'] or 0 for c in below)}" if below else "-",
+        "draws": f"{sum(c['draws'] or 0 for c in below)}/{sum(c['planned_draws'] or 0 for c in below)}"
+        if below
+        else "-",
         "median_mde": statistics.median(c["min_detectable_tv"] for c in checks) if checks else float("nan"),
     }
 
@@ -75,7 +77,9 @@ def main() -> int:
         plan.append(("pytest (the harness's tests)", [], 0))
     if "transformers" in wanted:
         plan.append(("pytest --spec-model transformers -n 0", ["--spec-model", "transformers", "-n", "0"], 0))
-    print("| command | busy processes | wall | result | distribution checks | below plan (draws) | median detectable TV |")
+    print(
+        "| command | busy processes | wall | result | distribution checks | below plan (draws) | median detectable TV |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, pytest_args, load in plan:
         row = measure(label, pytest_args, load)
