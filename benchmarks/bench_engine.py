@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from spectest import strategies as sst
-from spectest.cases import RepeatedBatch, to_tensor
-from spectest.checks import DistributionCheck, token_id_orders
-from spectest.reference import verify
+from spectest.cases.tensors import RepeatedBatch, to_tensor
+from spectest.engine.checks import DistributionCheck, token_id_orders
+from spectest.implementations.reference import verify
 from spectest.sampling import make_generator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,9 +42,14 @@ def throughput(tokens: int) -> dict[str, float]:
     b, k, v = case.batch, case.k, case.vocab
     groups = b * (k + 1)
     check = DistributionCheck(
-        "throughput", target_np.reshape(groups, v), alpha=4e-6, tolerance=1e-4, min_draws=10, max_draws=10**9,
+        "throughput",
+        target_np.reshape(groups, v),
+        alpha=4e-6,
+        tolerance=1e-4,
+        min_draws=10,
+        max_draws=10**9,
         views={"by probability": [None] * groups, "by token id": token_id_orders(groups, v)},
-    )  # fmt: skip
+    )
     batch = RepeatedBatch(
         to_tensor(target_np, device="cpu", dtype="float32"), to_tensor(draft_np, device="cpu", dtype="float32")
     )
@@ -86,10 +91,24 @@ def detections(seeds: int) -> dict[str, dict[str, object]]:
             xml = Path(tmp) / "r.xml"
             args = [a for name in BUGS for a in ("--spec-model", f"{BUGGY}:{name}")]
             subprocess.run(
-                [sys.executable, "-m", "pytest", *args, "--spec-no-shrink", "--spec-seed", str(seed), "-q",
-                 f"--junitxml={xml}", "-p", "no:cacheprovider"],
-                cwd=tmp, capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    *args,
+                    "--spec-no-shrink",
+                    "--spec-seed",
+                    str(seed),
+                    "-q",
+                    f"--junitxml={xml}",
+                    "-p",
+                    "no:cacheprovider",
+                ],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             for case in ET.parse(xml).getroot().iter("testcase"):
                 name, _, model = case.get("name", "").partition("[")
                 bug = model.rstrip("]").split(":")[-1]

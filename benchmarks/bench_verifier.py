@@ -91,14 +91,28 @@ def inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, device: torch.dev
     return drafts, draft, target
 
 
-def measure(models: dict[str, Callable[..., Any]], batch: int, k: int, vocab: int, dtype: torch.dtype,
-            device: torch.device, repeats: int) -> dict[str, Any]:  # fmt: skip
+def measure(
+    models: dict[str, Callable[..., Any]],
+    batch: int,
+    k: int,
+    vocab: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+) -> dict[str, Any]:
     """One shape: the copy bandwidth and every model's best time, measured back to back."""
     drafts, draft, target = inputs(batch, k, vocab, dtype, device)
     bandwidth = copy_bandwidth(device, repeats)
     floor = floor_bytes(batch, k, vocab, dtype.itemsize) / bandwidth
-    row: dict[str, Any] = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "batch": batch, "k": k,
-                           "vocab": vocab, "copy_gb_s": bandwidth / 1e9, "floor_s": floor}  # fmt: skip
+    row: dict[str, Any] = {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "batch": batch,
+        "k": k,
+        "vocab": vocab,
+        "copy_gb_s": bandwidth / 1e9,
+        "floor_s": floor,
+    }
     for name, verify in models.items():
         gen = make_generator(1, device)
         seconds = best_seconds(lambda v=verify, g=gen: v(drafts, draft, target, generator=g), device, repeats)
@@ -123,8 +137,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     row = measure(models, batch, k, vocab, dtype, device, args.repeats)
                     rows.append(row)
                     cells = "  ".join(f"{n} {row[f'{n}_x_floor']:7.1f}x" for n in models)
-                    print(f"{dtype_name:9} B={batch:4} K={k} V={vocab:6}  copy {row['copy_gb_s']:6.1f} GB/s  "
-                          f"floor {row['floor_s'] * 1e3:8.3f} ms  {cells}", flush=True)  # fmt: skip
+                    print(
+                        f"{dtype_name:9} B={batch:4} K={k} V={vocab:6}  copy {row['copy_gb_s']:6.1f} GB/s  "
+                        f"floor {row['floor_s'] * 1e3:8.3f} ms  {cells}",
+                        flush=True,
+                    )
     return rows
 
 

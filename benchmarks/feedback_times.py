@@ -38,8 +38,9 @@ def measure(label: str, args: list[str], busy: int) -> dict[str, object]:
         with tempfile.TemporaryDirectory() as tmp:
             results = Path(tmp) / "results.json"
             started = time.perf_counter()
-            proc = subprocess.run([*PYTEST, *args, "--spec-results", str(results)], cwd=REPO, capture_output=True,
-                                  text=True)  # fmt: skip
+            proc = subprocess.run(
+                [*PYTEST, *args, "--spec-results", str(results)], cwd=REPO, capture_output=True, text=True
+            )
             seconds = time.perf_counter() - started
             document = json.loads(results.read_text()) if results.exists() else {"checks": [], "tests": []}
     finally:

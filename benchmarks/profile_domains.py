@@ -68,20 +68,42 @@ def main() -> None:
             train_files.append(str(root / f"{name}.train"))
             texts.append(f"{name}={root / f'{name}.held'}")
         out = root / "profile.json"
-        spectest(["profile", "--target", "ngram:5", "--draft", "ngram:2", "--train", *train_files, "--text", *texts,
-                  "--gamma", str(args.gamma), "--cost-ratio", str(args.cost_ratio), "--max-tokens", str(args.tokens),
-                  "--json", str(out)])  # fmt: skip
+        spectest(
+            [
+                "profile",
+                "--target",
+                "ngram:5",
+                "--draft",
+                "ngram:2",
+                "--train",
+                *train_files,
+                "--text",
+                *texts,
+                "--gamma",
+                str(args.gamma),
+                "--cost-ratio",
+                str(args.cost_ratio),
+                "--max-tokens",
+                str(args.tokens),
+                "--json",
+                str(out),
+            ]
+        )
         document = json.loads(out.read_text())
     print()
-    print(f"| domain | tokens | mean acceptance | p10 / p50 / p90 | tokens per pass (K={args.gamma}) | "
-          f"predicted speedup (c={args.cost_ratio:g}) | margin to break-even | optimal K | below break-even |")  # fmt: skip
+    print(
+        f"| domain | tokens | mean acceptance | p10 / p50 / p90 | tokens per pass (K={args.gamma}) | "
+        f"predicted speedup (c={args.cost_ratio:g}) | margin to break-even | optimal K | below break-even |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in document["labels"]:
         q = row["acceptance_quantiles"]
-        print(f"| {row['name']} | {row['tokens']} | {row['mean_acceptance']:.3f} | {q['0.1']:.2f} / {q['0.5']:.2f} / "
-              f"{q['0.9']:.2f} | {row['tokens_per_pass']:.2f} | {row['speedup']:.2f}x | {row['margin']:+.3f} | "
-              f"{row['optimal_k']} ({row['optimal_speedup']:.2f}x) | "
-              f"{row['tokens_below_break_even'] / row['tokens']:.1%} |")  # fmt: skip
+        print(
+            f"| {row['name']} | {row['tokens']} | {row['mean_acceptance']:.3f} | {q['0.1']:.2f} / {q['0.5']:.2f} / "
+            f"{q['0.9']:.2f} | {row['tokens_per_pass']:.2f} | {row['speedup']:.2f}x | {row['margin']:+.3f} | "
+            f"{row['optimal_k']} ({row['optimal_speedup']:.2f}x) | "
+            f"{row['tokens_below_break_even'] / row['tokens']:.1%} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=1))
 

@@ -30,10 +30,26 @@ def one_run(model: str, seed: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "--spec-model", model, "--spec-seed", str(seed), "-k", "speed", "-q",
-             "-p", "no:cacheprovider", "--spec-report", tmp],
-            capture_output=True, text=True, cwd=tmp,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--spec-model",
+                model,
+                "--spec-seed",
+                str(seed),
+                "-k",
+                "speed",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--spec-report",
+                tmp,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+        )
         seconds = time.perf_counter() - started
         document = json.loads((Path(tmp) / "results.json").read_text())
     outcome = document["tests"][0]["outcome"] if document["tests"] else f"exit {proc.returncode}"

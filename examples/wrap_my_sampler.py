@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 
-def my_engine_step(draft_ids: list[int], draft_logits: np.ndarray, target_logits: np.ndarray,
-                   rng: np.random.Generator) -> list[int]:  # fmt: skip
+def my_engine_step(
+    draft_ids: list[int], draft_logits: np.ndarray, target_logits: np.ndarray, rng: np.random.Generator
+) -> list[int]:
     """Stand-in for the code under test: one request, logits in, tokens out."""
 
     def softmax(x: np.ndarray) -> np.ndarray:

@@ -16,15 +16,15 @@ import time
 import numpy as np
 import pytest
 import torch
+from spectest.simulators import acceptance_probability, tokens_per_pass
+from spectest.simulators.markov import MarkovChainModel, context_free_prefix_bound
 
-from simulators import acceptance_probability, tokens_per_pass
-from simulators.markov import MarkovChainModel, context_free_prefix_bound
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases import RepeatedBatch, to_tensor
-from spectest.loop import generate
-from spectest.models import markov_pair
+from spectest.cases.tensors import RepeatedBatch, to_tensor
+from spectest.cases.toy_models import markov_pair
 from spectest.protocol import PAD
+from spectest.suite.loop import generate
 
 CALLS = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 512))
 MAX_CASE_ELEMENTS = 200_000_000
@@ -56,10 +56,14 @@ def test_tokens_per_call_follow_the_chain_model(spec) -> None:
         )
         draft_gen, verify_gen = spec.generators(case.seed)
         check = spec.distribution(
-            rules.TOKENS_PER_CALL, exact, case_seed=case.seed, min_draws=50,
-            max_draws=max(50, MAX_CASE_ELEMENTS // per_rep), labels=[f"row {r}: " for r in range(b)],
+            rules.TOKENS_PER_CALL,
+            exact,
+            case_seed=case.seed,
+            min_draws=50,
+            max_draws=max(50, MAX_CASE_ELEMENTS // per_rep),
+            labels=[f"row {r}: " for r in range(b)],
             cell_name=lambda i: f"L={i + 1}",
-        )  # fmt: skip
+        )
         matches = np.zeros((b, k))
         while not check.done:
             reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // per_rep))
@@ -131,17 +135,30 @@ def test_markov_tokens_per_pass_follow_the_exact_model(spec) -> None:
         reach = model.long_run_contexts(case.k) * passes_per_sequence
         reach[model.start] = 1.0
         check = spec.distribution(
-            rules.TOKENS_PER_PASS, exact, case_seed=case.seed, min_draws=500, max_draws=200_000,
-            reach=reach, labels=[f"context {c}: " for c in range(case.vocab + 1)], cell_name=lambda i: f"L={i + 1}",
-        )  # fmt: skip
+            rules.TOKENS_PER_PASS,
+            exact,
+            case_seed=case.seed,
+            min_draws=500,
+            max_draws=200_000,
+            reach=reach,
+            labels=[f"context {c}: " for c in range(case.vocab + 1)],
+            cell_name=lambda i: f"L={i + 1}",
+        )
         draft_gen, verify_gen = spec.generators(case.seed)
         while not check.done:
             sequences = check.next_batch(50_000)
             run = generate(
-                spec.verify, target, draft, n_sequences=sequences, length=case.length, k=case.k,
-                draft_generator=draft_gen, verify_generator=verify_gen, device=spec.device,
+                spec.verify,
+                target,
+                draft,
+                n_sequences=sequences,
+                length=case.length,
+                k=case.k,
+                draft_generator=draft_gen,
+                verify_generator=verify_gen,
+                device=spec.device,
                 dtype=getattr(torch, case.dtype),
-            )  # fmt: skip
+            )
             cells = run.pass_contexts * (case.k + 1) + run.tokens_per_pass - 1
             counts = torch.bincount(cells, minlength=exact.size).view(exact.shape)
             check.add(counts.cpu().numpy(), sequences)

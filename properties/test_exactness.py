@@ -15,14 +15,14 @@ import torch
 
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases import repeat_rows, to_tensor
-from spectest.loop import generate, sequence_index
-from spectest.models import markov_pair
-from spectest.positions import check_every_position
+from spectest.cases.tensors import repeat_rows, to_tensor
+from spectest.cases.toy_models import markov_pair
 from spectest.sampling import RepeatedCategorical
+from spectest.suite.loop import generate, sequence_index
+from spectest.suite.positions import check_every_position
 
 POSITIONS = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 1536))
-MAX_SEQUENCES = 400_000  # per case; the plan asks for fewer (see spectest.checks)
+MAX_SEQUENCES = 400_000  # per case; the plan asks for fewer (see spectest.engine.checks)
 MAX_CASE_ELEMENTS = 400_000_000  # probabilities handed to the verifier per case, over all calls
 MAX_CALL_ELEMENTS = 8_000_000  # per verify call
 
@@ -35,18 +35,29 @@ def test_sequences_follow_the_target(spec) -> None:
         shape = [case.vocab] * case.length
         probs = target.sequence_probs(case.length)
         check = spec.distribution(
-            rules.JOINT, probs[None, :], case_seed=case.seed, min_draws=1000,
-            max_draws=MAX_SEQUENCES, cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",
-        )  # fmt: skip
+            rules.JOINT,
+            probs[None, :],
+            case_seed=case.seed,
+            min_draws=1000,
+            max_draws=MAX_SEQUENCES,
+            cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",
+        )
         draft_gen, verify_gen = spec.generators(case.seed)
         passes = 0
         while not check.done:
             batch = check.next_batch(50_000)
             run = generate(
-                spec.verify, target, draft, n_sequences=batch, length=case.length, k=case.k,
-                draft_generator=draft_gen, verify_generator=verify_gen, device=spec.device,
+                spec.verify,
+                target,
+                draft,
+                n_sequences=batch,
+                length=case.length,
+                k=case.k,
+                draft_generator=draft_gen,
+                verify_generator=verify_gen,
+                device=spec.device,
                 dtype=getattr(torch, case.dtype),
-            )  # fmt: skip
+            )
             passes += run.passes
             counts = torch.bincount(sequence_index(run.tokens, case.vocab), minlength=probs.size)
             check.add(counts.cpu().numpy()[None, :], batch)
@@ -78,9 +89,15 @@ def test_every_row_and_position_is_exact(spec) -> None:
             return spec.verify(drafts, repeat_rows(draft, reps), repeat_rows(target, reps), verify_gen)
 
         check_every_position(
-            spec, target_np, draft_np, call, seed=case.seed, case=str(case),
-            max_case_elements=MAX_CASE_ELEMENTS, max_call_elements=MAX_CALL_ELEMENTS,
-        )  # fmt: skip
+            spec,
+            target_np,
+            draft_np,
+            call,
+            seed=case.seed,
+            case=str(case),
+            max_case_elements=MAX_CASE_ELEMENTS,
+            max_call_elements=MAX_CALL_ELEMENTS,
+        )
 
     spec.given(
         POSITIONS.chain_cases(),

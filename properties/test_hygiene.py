@@ -7,7 +7,7 @@ import torch
 
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases import draw_drafts, to_tensor
+from spectest.cases.tensors import draw_drafts, to_tensor
 from spectest.sampling import make_generator
 
 

@@ -20,8 +20,8 @@ import torch
 
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases import RepeatedBatch, to_tensor
-from spectest.models import target_distribution
+from spectest.cases.tensors import RepeatedBatch, to_tensor
+from spectest.cases.toy_models import target_distribution
 
 REJECTIONS = sst.CaseRanges(batch=(65, 512), max_elements=20_000_000)
 BONUSES = sst.CaseRanges(batch=(65, 128), k=(1, 8), vocab=(2, 1100))
@@ -117,9 +117,13 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
         b, k, v = case.batch, case.k, case.vocab
         per_rep = b * (2 * k + 1) * v
         check = spec.distribution(
-            rules.BONUS, target_np[:, k], case_seed=case.seed, min_draws=20,
-            max_draws=max(20, MAX_CASE_ELEMENTS // per_rep), labels=[f"row {r}: " for r in range(b)],
-        )  # fmt: skip
+            rules.BONUS,
+            target_np[:, k],
+            case_seed=case.seed,
+            min_draws=20,
+            max_draws=max(20, MAX_CASE_ELEMENTS // per_rep),
+            labels=[f"row {r}: " for r in range(b)],
+        )
         draft_gen, verify_gen = spec.generators(case.seed)
         batch = RepeatedBatch(
             to_tensor(target_np, device=spec.device, dtype=case.dtype),
@@ -138,10 +142,11 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
             if short.numel():
                 r = int(short[0])
                 spec.require(
-                    False, rules.EQUAL_DRAFTS_ACCEPTED,
+                    False,
+                    rules.EQUAL_DRAFTS_ACCEPTED,
                     f"row {r % b}: p = q at all {k} positions, drafts {drafts[r].tolist()}, got {emitted[r].tolist()} "
                     f"({case})",
-                )  # fmt: skip
+                )
             rows = torch.arange(b, device=spec.device).repeat(reps)
             check.add(torch.bincount(rows * v + emitted[:, k], minlength=b * v).view(b, v).cpu().numpy(), reps)
             spec.require_possible(check, lambda g, c: f"row {g} bonus token {c} (position K={k})", str(case))

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases import repeat_rows
-from spectest.positions import check_every_position
+from spectest.cases.tensors import repeat_rows
 from spectest.protocol import LOGITS, PAD, PER_ROW_SEEDS, PROPOSE
 from spectest.sampling import RepeatedCategorical, make_generator
 from spectest.sampling_params import SamplingParams
+from spectest.suite.positions import check_every_position
 
 MAX_CASE_ELEMENTS = 60_000_000
 MAX_CALL_ELEMENTS = 8_000_000
@@ -54,14 +54,24 @@ def test_logits_rows_follow_the_processed_target(spec) -> None:
         def call(reps: int) -> torch.Tensor:
             drafts = drafter.sample(reps, draft_gen).reshape(-1, case.k)
             return spec.verify_logits(
-                drafts, repeat_rows(draft_logits, reps), repeat_rows(target_logits, reps), params.repeat(reps),
+                drafts,
+                repeat_rows(draft_logits, reps),
+                repeat_rows(target_logits, reps),
+                params.repeat(reps),
                 verify_gen,
-            )  # fmt: skip
+            )
 
         check_every_position(
-            spec, inputs.target, inputs.draft, call, seed=case.seed, case=str(case), row_labels=inputs.row_labels(),
-            max_case_elements=MAX_CASE_ELEMENTS, max_call_elements=MAX_CALL_ELEMENTS,
-        )  # fmt: skip
+            spec,
+            inputs.target,
+            inputs.draft,
+            call,
+            seed=case.seed,
+            case=str(case),
+            row_labels=inputs.row_labels(),
+            max_case_elements=MAX_CASE_ELEMENTS,
+            max_call_elements=MAX_CALL_ELEMENTS,
+        )
 
     spec.given(CASES, body, explicit=[MIXED, ONE_FILTER_EACH])
 
@@ -89,12 +99,22 @@ def test_greedy_rows_equal_greedy_decoding(spec) -> None:
         rng = np.random.default_rng(case.seed)
         argmax = inputs.target_logits.argmax(axis=-1)
         # Any draft: half the slots carry the target's choice (long accepted runs), half a random token.
-        drafts = np.where(rng.random((case.batch, case.k)) < 0.5, argmax[:, : case.k],
-                          rng.integers(0, case.vocab, (case.batch, case.k)))  # fmt: skip
-        emitted = spec.verify_logits(
-            torch.as_tensor(drafts, device=spec.device), draft_logits, target_logits, params,
-            make_generator(case.seed, spec.device),
-        ).cpu().numpy()  # fmt: skip
+        drafts = np.where(
+            rng.random((case.batch, case.k)) < 0.5,
+            argmax[:, : case.k],
+            rng.integers(0, case.vocab, (case.batch, case.k)),
+        )
+        emitted = (
+            spec.verify_logits(
+                torch.as_tensor(drafts, device=spec.device),
+                draft_logits,
+                target_logits,
+                params,
+                make_generator(case.seed, spec.device),
+            )
+            .cpu()
+            .numpy()
+        )
         expected = greedy_expectation(drafts, argmax)
         greedy = inputs.params.greedy.numpy()
         wrong = np.flatnonzero(greedy & (emitted != expected).any(axis=1))
@@ -114,7 +134,7 @@ def test_greedy_rows_equal_greedy_decoding(spec) -> None:
         GREEDY.logits_cases(greedy_share=st.sampled_from((0.5, 1.0))),
         body,
         explicit=[sst.LogitsCase(batch=16, k=8, vocab=32000, seed=9, greedy_share=0.5)],
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.spec_property(examples=4, explicit=1, checks=1)
@@ -133,10 +153,13 @@ def test_drafts_follow_the_reported_probs(spec) -> None:
         reported_np = reported.double().cpu().numpy()
         expected = reported_np / reported_np.sum(-1, keepdims=True)
         check = spec.distribution(
-            rules.REPORTED_DRAFTS, expected.reshape(b * k, v), case_seed=case.seed,
-            min_draws=20, max_draws=max(20, MAX_CASE_ELEMENTS // (2 * b * k * v)),
+            rules.REPORTED_DRAFTS,
+            expected.reshape(b * k, v),
+            case_seed=case.seed,
+            min_draws=20,
+            max_draws=max(20, MAX_CASE_ELEMENTS // (2 * b * k * v)),
             labels=[f"row {r}{label} pos {i}: " for r, label in enumerate(inputs.row_labels()) for i in range(k)],
-        )  # fmt: skip
+        )
         slots = torch.arange(k, device=spec.device)
         while not check.done:
             reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // (b * k * v)))
@@ -153,9 +176,12 @@ def test_drafts_follow_the_reported_probs(spec) -> None:
             counts = torch.bincount(((rows * k + slots) * v + tokens).flatten(), minlength=b * k * v)
             check.add(counts.view(b * k, v).cpu().numpy(), reps)
             spec.require_possible(
-                check, lambda g, c: f"row {g // k} position {g % k} token {c}", str(case),
-                rule=rules.NEVER_DRAFTS_IMPOSSIBLE, source="reported draft",
-            )  # fmt: skip
+                check,
+                lambda g, c: f"row {g // k} position {g % k} token {c}",
+                str(case),
+                rule=rules.NEVER_DRAFTS_IMPOSSIBLE,
+                source="reported draft",
+            )
         context = f"{check.draws} proposals of {b} rows x {k} positions, {case}"
         spec.conclude(check, context=context, started=started)
 
@@ -178,14 +204,22 @@ def test_propose_then_verify_is_lossless(spec) -> None:
             many = params.repeat(reps)
             drafts, reported = spec.propose(repeat_rows(draft_logits, reps), many, propose_gen)
             if LOGITS in spec.model.capabilities:
-                return spec.verify_logits(drafts, repeat_rows(draft_logits, reps), repeat_rows(target_logits, reps),
-                                          many, verify_gen)  # fmt: skip
+                return spec.verify_logits(
+                    drafts, repeat_rows(draft_logits, reps), repeat_rows(target_logits, reps), many, verify_gen
+                )
             return spec.verify(drafts, reported, repeat_rows(target_probs, reps), verify_gen)
 
         check_every_position(
-            spec, inputs.target, inputs.draft, call, seed=case.seed, case=str(case), row_labels=inputs.row_labels(),
-            max_case_elements=MAX_CASE_ELEMENTS, max_call_elements=MAX_CALL_ELEMENTS,
-        )  # fmt: skip
+            spec,
+            inputs.target,
+            inputs.draft,
+            call,
+            seed=case.seed,
+            case=str(case),
+            row_labels=inputs.row_labels(),
+            max_case_elements=MAX_CASE_ELEMENTS,
+            max_call_elements=MAX_CALL_ELEMENTS,
+        )
 
     spec.given(CASES, body, explicit=[MIXED, ONE_FILTER_EACH])
 
@@ -237,4 +271,4 @@ def test_seeded_rows_ignore_the_rest_of_the_batch(spec) -> None:
         SEEDED.logits_cases(greedy_share=st.just(0.0), seeded=True),
         body,
         explicit=[sst.LogitsCase(batch=16, k=4, vocab=300, seed=5, greedy_share=0.0, seeded=True)],
-    )  # fmt: skip
+    )

@@ -3,11 +3,11 @@
 A sweep on costed models (exact outputs, a decoder's costs: weight reads plus per-position
 arithmetic, V = 32000) from a draft equal to the target to a uniform one, in rounds: at every
 point, plain decoding, the reference's speculative decoding (whose phases give the model's
-costs, see :mod:`spectest.bench`) and the implementation's, interleaved, on a clock that other
+costs, see :mod:`spectest.speed.bench`) and the implementation's, interleaved, on a clock that other
 processes cannot steal from. Deselect with ``-m "not spec_speed"``.
 
 Verdicts, per point, each a sign test over rounds (distribution-free; see
-:class:`spectest.stats.SignTest`) at the property's share of the run's alpha:
+:class:`spectest.engine.stats.SignTest`) at the property's share of the run's alpha:
 
 * too slow: the implementation's pass costs more than SPEED_MARGIN times the model's pass with
   efficient (reference) verification, in most rounds;
@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from spectest import rules
-from spectest.bench import SPEED_MARGIN, BenchConfig, SpeedBench, break_even, point_record, reference_model
-from spectest.stats import SignTest
+from spectest.engine.stats import SignTest
+from spectest.speed.bench import SPEED_MARGIN, BenchConfig, SpeedBench, break_even, point_record, reference_model
 
 MIXES = (0.0, 0.4, 0.7, 1.0)  # acceptance about 1.0, 0.77, 0.6, 0.43: both sides of break-even
 # A machine where identical target steps spread more than this (interquartile range over the

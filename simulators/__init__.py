@@ -6,14 +6,14 @@ and the maximal-coupling bound), ``text`` (the exact chain along a real text's p
 acceptances) and ``montecarlo`` (the sampling twin that cross-checks them).
 """
 
-from simulators.chain import (
+from spectest.simulators.chain import (
     TokensPerPass,
     acceptance_probability,
     expected_tokens_iid,
     tokens_per_pass,
     tokens_per_pass_iid,
 )
-from simulators.speed import (
+from spectest.simulators.speed import (
     CostModel,
     acceptance_for_speedup,
     acceptance_for_tokens_per_pass,
@@ -22,7 +22,7 @@ from simulators.speed import (
     optimal_k,
     speedup,
 )
-from simulators.text import expected_passes, pass_starts, slot_acceptance, tokens_per_pass_along
+from spectest.simulators.text import expected_passes, pass_starts, slot_acceptance, tokens_per_pass_along
 
 __all__ = [
     "CostModel",

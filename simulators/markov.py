@@ -21,14 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse.csgraph import connected_components
-
-from simulators.chain import TokensPerPass
+from spectest.simulators.chain import TokensPerPass
 
 
 @dataclass(frozen=True)
 class MarkovChainModel:
     """Target and draft tables [V + 1, V]: row c is the next-token distribution in context c,
-    row V the start-of-sequence context (the layout of ``spectest.models.MarkovChain``)."""
+    row V the start-of-sequence context (the layout of ``spectest.cases.toy_models.MarkovChain``)."""
 
     target: np.ndarray
     draft: np.ndarray

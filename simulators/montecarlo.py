@@ -7,8 +7,7 @@ produces replays from its seed. Tests cross-check every analytic quantity agains
 from __future__ import annotations
 
 import numpy as np
-
-from simulators.markov import MarkovChainModel
+from spectest.simulators.markov import MarkovChainModel
 
 
 def simulate_positions(acceptance: np.ndarray | list[float], passes: int, rng: np.random.Generator) -> np.ndarray:

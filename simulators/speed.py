@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
-
-from simulators.chain import expected_tokens_iid
+from spectest.simulators.chain import expected_tokens_iid
 
 
 @dataclass(frozen=True)

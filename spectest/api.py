@@ -5,25 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pytest
-
-from spectest.plugin import SESSION, SUITE_DIR
-from spectest.protocol import Model, build_model
-from spectest.resolve import ModelSpecError, verify_callable
-
-
-class _InjectModel:
-    """Hands an already-built verifier object to the plugin instead of a --spec-model string."""
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_configure(self, config: pytest.Config) -> None:
-        session = config.stash[SESSION]
-        session.model_specs = [self.model.name]
-        session.models = [self.model]
-        config.args = [str(SUITE_DIR)]
+from spectest.resolve import ModelSpecError, registered
+from spectest.session import suite_dir
 
 
 def check_verifier(
@@ -39,21 +22,19 @@ def check_verifier(
     """Run the whole property suite against ``verify`` (a callable or an object with ``verify``).
 
     Returns pytest's exit code; raises AssertionError on failures unless ``raise_on_failure`` is
-    false. Extra ``pytest_args`` (``-x``, ``-k ...``) pass through.
+    false. Extra ``pytest_args`` (``-x``, ``-k ...``) pass through. The object is registered under
+    ``name`` for this process and the run resolves it like any ``--spec-model`` name.
     """
+    import pytest
+
     label = name or getattr(verify, "__name__", type(verify).__name__)
     try:
-        callable_ = verify_callable(label, verify)
-    except ModelSpecError as exc:
+        with registered(label, verify):
+            args = ["--spec-model", label, "--spec-device", device, "--spec-budget", budget, "-p", "no:cacheprovider"]
+            args += ["--spec-seed", str(seed)] if seed is not None else []
+            code = int(pytest.main([*args, *pytest_args, str(suite_dir())]))
+    except (ModelSpecError, ValueError) as exc:
         raise TypeError(str(exc)) from None
-    try:
-        model = build_model(label, label, verify, callable_)
-    except ValueError as exc:
-        raise TypeError(str(exc)) from None
-    args = ["--spec-device", device, "--spec-budget", budget, "-p", "no:cacheprovider", *pytest_args]
-    if seed is not None:
-        args += ["--spec-seed", str(seed)]
-    code = int(pytest.main(args, plugins=[_InjectModel(model)]))
     if raise_on_failure and code != 0:
         raise AssertionError(f"spectest: {label} failed the property suite (pytest exit code {code})")
     return code

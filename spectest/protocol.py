@@ -185,8 +185,9 @@ def call_verify(
     return emitted
 
 
-def guarded_call(model: Model, what: str, inputs: str, timeout: float | None, fn: Callable[..., Any], *args: Any,
-                 **kwargs: Any) -> Any:  # fmt: skip
+def guarded_call(
+    model: Model, what: str, inputs: str, timeout: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
     """Call an implementation's method; its exceptions and hangs become ContractViolations."""
     __tracebackhide__ = True
     try:
@@ -216,9 +217,17 @@ def call_verify_logits(
         raise ContractViolation(model.name, "has verify_logits", "the model declares no verify_logits method")
     inputs = describe_inputs(draft_token_ids, target_logits) + ", logits with sampling parameters"
     emitted = guarded_call(
-        model, "verify_logits", inputs, timeout, model.verify_logits,
-        draft_token_ids, draft_logits, target_logits, params, generator=generator,
-    )  # fmt: skip
+        model,
+        "verify_logits",
+        inputs,
+        timeout,
+        model.verify_logits,
+        draft_token_ids,
+        draft_logits,
+        target_logits,
+        params,
+        generator=generator,
+    )
     check_emitted(model.name, emitted, draft_token_ids, target_logits.shape[-1], inputs)
     return emitted
 
@@ -242,9 +251,10 @@ def call_propose(
     tokens, probs = out
     if tuple(tokens.shape) != (b, k) or tokens.dtype != torch.int64 or tuple(probs.shape) != (b, k, v):
         raise ContractViolation(
-            model.name, rule,
+            model.name,
+            rule,
             f"got tokens {tuple(tokens.shape)} {tokens.dtype} and probs {tuple(probs.shape)} for {inputs}",
-        )  # fmt: skip
+        )
     if tokens.device != draft_logits.device or probs.device != draft_logits.device:
         raise ContractViolation(model.name, rules.OUTPUT_DEVICE, f"inputs on {draft_logits.device}")
     if bool(((tokens < 0) | (tokens >= v)).any()):
@@ -259,10 +269,11 @@ def call_propose(
     if bool(bad.any()):
         row, col = (int(i) for i in bad.nonzero()[0])
         raise ContractViolation(
-            model.name, rules.DRAFT_PROBS_ARE_DISTRIBUTIONS,
+            model.name,
+            rules.DRAFT_PROBS_ARE_DISTRIBUTIONS,
             f"row {row} position {col}: sum {float(sums[row, col]):.6g}, min {float(wide[row, col].min()):.3g} "
             f"({inputs})",
-        )  # fmt: skip
+        )
     return tokens, probs
 
 

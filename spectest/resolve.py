@@ -1,17 +1,21 @@
 """Turn a ``--spec-model`` string into a :class:`~spectest.protocol.Model`.
 
-Accepted forms: a registered name (built-ins, plus the ``spectest.models`` entry-point group
-that third-party packages use), ``package.module:attr``, or ``path/to/file.py:attr``. ``attr``
-is a verify callable or an object with a ``verify`` method. Every failure is a
-:class:`ModelSpecError` with a message meant for the user, never a traceback.
+Accepted forms: a registered name (the ``spectest.models`` entry-point group, which spectest's
+own implementations use exactly as third-party packages do), an object registered in this
+process (:func:`registered`, how :func:`spectest.check_verifier` hands one over),
+``package.module:attr``, or ``path/to/file.py:attr``. ``attr`` is a verify callable or an object
+with a ``verify`` method. Every failure is a :class:`ModelSpecError` with a message meant for
+the user, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -19,15 +23,7 @@ from typing import Any
 from spectest.protocol import Model, build_model
 
 ENTRY_POINT_GROUP = "spectest.models"
-BUILTIN_MODELS = {
-    "reference": "spectest.reference:REFERENCE",
-    # Engines' samplers (optional packages; they skip, saying why, where the package or GPU is missing).
-    "transformers": "spectest.extra.engines:TRANSFORMERS",
-    "flashinfer": "spectest.extra.engines:FLASHINFER",
-    "vllm": "spectest.extra.engines:VLLM",
-    # The fused Triton kernel (CUDA, or Triton's CPU interpreter with TRITON_INTERPRET=1).
-    "reference-triton": "spectest.extra.triton_reference:TRITON_REFERENCE",
-}
+IN_PROCESS: dict[str, Model] = {}  # name -> a model built from an object, for this process only
 REQUIRED_PARAMETERS = ("draft_token_ids", "draft_probs", "target_probs")
 
 
@@ -36,21 +32,31 @@ class ModelSpecError(ValueError):
 
 
 def registered_models() -> dict[str, str]:
-    """Built-in names plus every name registered through the entry-point group."""
-    names = dict(BUILTIN_MODELS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        names.setdefault(ep.name, ep.value)
-    return names
+    """Every name registered through the entry-point group (spectest's own included)."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+@contextlib.contextmanager
+def registered(name: str, obj: Any) -> Iterator[Model]:
+    """``obj`` (a verify callable or an object with ``verify``) resolvable as ``name`` while inside."""
+    model = build_model(name, name, obj, verify_callable(name, obj))
+    IN_PROCESS[name] = model
+    try:
+        yield model
+    finally:
+        IN_PROCESS.pop(name, None)
 
 
 def resolve_model(spec: str) -> Model:
     spec = spec.strip()
     if not spec:
         raise ModelSpecError("--spec-model got an empty value")
+    if spec in IN_PROCESS:
+        return IN_PROCESS[spec]
     registry = registered_models()
     target = registry.get(spec, spec)
     if ":" not in target:
-        known = ", ".join(sorted(registry))
+        known = ", ".join(sorted(registry)) or "none: is spectest installed? pip install -e ."
         raise ModelSpecError(
             f"--spec-model {spec!r} is not a registered name (known: {known}) and not of the form "
             "'package.module:attr' or 'path/to/file.py:attr'"

@@ -140,35 +140,41 @@ def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.to(device=like.device, dtype=like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
 
-def keep_top_k(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Tokens at least as likely as the k-th most likely (every row here has 0 < k < V)."""
-    k = top_k.view(-1, *([1] * (probs.dim() - 1))).expand(*probs.shape[:-1], 1)
-    largest = probs.topk(int(top_k.max()), dim=-1).values
-    return probs >= largest.gather(-1, k - 1)
-
-
-def keep_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The smallest most-likely set whose mass reaches top_p: a token stays if the mass strictly
-    before it (in descending order) is below top_p."""
-    ordered, order = probs.sort(dim=-1, descending=True)
-    before = ordered.cumsum(dim=-1) - ordered
-    keep_sorted = before < _per_row(top_p, probs)
-    return torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
-
-
-def keep_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    top = probs.amax(dim=-1, keepdim=True)
-    return probs >= _per_row(min_p, probs) * top
-
-
-KEEP = {"top_k": keep_top_k, "top_p": keep_top_p, "min_p": keep_min_p}
-
-
 def filter_active(name: str, values: torch.Tensor, vocab: int) -> torch.Tensor:
     """Rows where a filter changes anything (0 < top_k < V, top_p < 1, min_p > 0)."""
     if name == "top_k":
         return (values > 0) & (values < vocab)
     return values < 1 if name == "top_p" else values > 0
+
+
+def _filter_sorted(
+    probs: torch.Tensor, names: tuple[str, ...], values: dict[str, torch.Tensor], active: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """The filters in order, renormalised, from a single sort: top-k keeps the tokens at least as
+    likely as the k-th most likely; top-p the smallest most-likely set whose mass reaches top_p (a
+    token stays if the mass strictly before it, in descending order, is below top_p); min-p the
+    tokens with probability >= min_p times the top one; each on what the filters before it kept,
+    renormalised. Every filter keeps a prefix of the descending order (the most likely token
+    always stays), so what survives is a prefix too and each filter is one comparison along the
+    sorted rows. ``tests/test_sampling_params.py`` holds this to a written-out per-row definition."""
+    ordered, index = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    vocab = ordered.shape[-1]
+    for name in names:
+        on = _per_row(active[name], ordered).bool()
+        if name == "top_k":
+            k = values[name].clamp(1, vocab).view(-1, *([1] * (ordered.dim() - 1))).expand(*ordered.shape[:-1], 1)
+            cut = ordered >= ordered.gather(-1, k - 1)
+        else:
+            current = ordered * keep
+            current = current / current.sum(dim=-1, keepdim=True)
+            if name == "top_p":
+                cut = current.cumsum(dim=-1) - current < _per_row(values[name], ordered)
+            else:
+                cut = current >= _per_row(values[name], ordered) * current[..., :1]
+        keep &= cut | ~on
+    kept = ordered * keep
+    return torch.zeros_like(kept).scatter_(-1, index, kept / kept.sum(dim=-1, keepdim=True))
 
 
 def process_logits(
@@ -178,12 +184,18 @@ def process_logits(
     greedy = params.greedy.to(logits.device)
     temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
     probs = torch.softmax(logits / _per_row(temperature, logits), dim=-1)
-    for name in validate_order(order):
-        values = getattr(params, name).to(logits.device)
-        rows = (filter_active(name, values, logits.shape[-1]) & ~greedy).nonzero().flatten()
-        if rows.numel():  # filter only the rows that use it: the sorts dominate the cost
-            kept = probs[rows] * KEEP[name](probs[rows], values[rows])
-            probs = probs.index_copy(0, rows, kept / kept.sum(dim=-1, keepdim=True))
+    names = validate_order(order)
+    values = {name: getattr(params, name).to(logits.device) for name in names}
+    active = {name: filter_active(name, values[name], logits.shape[-1]) & ~greedy for name in names}
+    rows = torch.stack(list(active.values())).any(dim=0).nonzero().flatten()
+    if rows.numel():  # only the rows that filter anything, sorted once: each filter keeps a prefix of that order
+        probs = probs.index_copy(
+            0,
+            rows,
+            _filter_sorted(
+                probs[rows], names, {n: v[rows] for n, v in values.items()}, {n: a[rows] for n, a in active.items()}
+            ),
+        )
     if not bool(greedy.any()):
         return probs
     argmax = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(probs.dtype)

@@ -74,8 +74,11 @@ def markdown() -> str:
             if prop in row
         ]
         alone = [f"`{bug}`" for bug, props in sorted(only.items()) if props == (prop,)]
-        shared = [f"`{bug}` (with {', '.join(p for p in props if p != prop)})" for bug, props in sorted(only.items())
-                  if prop in props and len(props) > 1]  # fmt: skip
+        shared = [
+            f"`{bug}` (with {', '.join(p for p in props if p != prop)})"
+            for bug, props in sorted(only.items())
+            if prop in props and len(props) > 1
+        ]
         lines.append(f"| `{prop}` | {'; '.join(caught) or '-'} | {', '.join(alone + shared) or '-'} |")
     lines += ["", END]
     return "\n".join(lines)

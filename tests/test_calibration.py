@@ -16,12 +16,12 @@ import torch
 from scipy import stats
 
 from spectest import strategies as sst
-from spectest.cases import RepeatedBatch, to_tensor
-from spectest.checks import DistributionCheck, token_id_orders
-from spectest.reference import verify
+from spectest.cases.tensors import RepeatedBatch, to_tensor
+from spectest.engine.checks import DistributionCheck, token_id_orders
+from spectest.engine.sequential import MixtureEProcess
+from spectest.engine.stats import Group, chisquare_groups
+from spectest.implementations.reference import verify
 from spectest.sampling import make_generator
-from spectest.sequential import MixtureEProcess
-from spectest.stats import Group, chisquare_groups
 
 META_ALPHA = 1e-4  # probability that a calibration test fails a correct engine
 META_BETA = 0.01  # probability that it misses the shortfall it is sized for
@@ -72,9 +72,14 @@ def reference_check(seed: int, alpha: float, tolerance: float) -> DistributionCh
     target_np, draft_np = sst.build_chain(case)
     b, k, v = case.batch, case.k, case.vocab
     check = DistributionCheck(
-        "per-position", target_np.reshape(b * (k + 1), v), alpha=alpha, tolerance=tolerance, min_draws=50,
-        max_draws=5000, views={"by probability": [None] * (b * (k + 1)), "by token id": token_id_orders(b * (k + 1), v)},
-    )  # fmt: skip
+        "per-position",
+        target_np.reshape(b * (k + 1), v),
+        alpha=alpha,
+        tolerance=tolerance,
+        min_draws=50,
+        max_draws=5000,
+        views={"by probability": [None] * (b * (k + 1)), "by token id": token_id_orders(b * (k + 1), v)},
+    )
     batch = RepeatedBatch(
         to_tensor(target_np, device="cpu", dtype="float64"), to_tensor(draft_np, device="cpu", dtype="float64")
     )

@@ -8,11 +8,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from spectest.simulators import CostModel, break_even_acceptance, speedup
 
-from simulators import CostModel, break_even_acceptance, speedup
-from spectest.bench import PhaseFit, PointRound, SpeedPoint, break_even, round_costs
-from spectest.clock import OWN_CLOCK
-from spectest.decoding import (
+from spectest.implementations.reference import verify
+from spectest.protocol import Model
+from spectest.sampling import make_generator
+from spectest.speed.bench import PhaseFit, PointRound, SpeedPoint, break_even, round_costs
+from spectest.speed.clock import OWN_CLOCK
+from spectest.speed.decoding import (
     CostedMarkovLM,
     DecodeResult,
     plain_decode,
@@ -20,9 +23,6 @@ from spectest.decoding import (
     speculative_decode,
     uniform_acceptance_pair,
 )
-from spectest.protocol import Model
-from spectest.reference import verify
-from spectest.sampling import make_generator
 
 REFERENCE = Model("reference", verify, source="reference")
 CPU = torch.device("cpu")
@@ -76,9 +76,17 @@ def test_loops_split_their_time_into_phases_and_stop_after_the_passes_asked():
     target, draft, _ = uniform_acceptance_pair(16, 0.5, seed=1)
     models = [CostedMarkovLM(t, hidden=8, layers=1) for t in (target, draft)]
     spec = speculative_decode(
-        *models, REFERENCE, batch=2, tokens=0, passes=7, k=3, start=16, generator=make_generator(0), device=CPU,
+        *models,
+        REFERENCE,
+        batch=2,
+        tokens=0,
+        passes=7,
+        k=3,
+        start=16,
+        generator=make_generator(0),
+        device=CPU,
         phases=True,
-    )  # fmt: skip
+    )
     assert spec.passes == 7 and spec.tokens_per_pass.shape == (2, 7) and spec.phases.shape == (7, 4)
     assert spec.emitted == int(spec.tokens_per_pass.sum())
     assert (spec.phases > 0).all() and spec.phases.sum() <= spec.seconds
@@ -106,9 +114,14 @@ def test_phase_fit_separates_bonus_and_rejection_costs():
 
 def _decode(seconds: float, phases: list[list[float]], counts: list[int], k: int = 4) -> DecodeResult:
     return DecodeResult(
-        torch.zeros((1, 1)), seconds, passes=len(counts), tokens_per_pass=torch.tensor([counts]),
-        emitted=sum(counts), k=k, phases=np.array(phases),
-    )  # fmt: skip
+        torch.zeros((1, 1)),
+        seconds,
+        passes=len(counts),
+        tokens_per_pass=torch.tensor([counts]),
+        emitted=sum(counts),
+        k=k,
+        phases=np.array(phases),
+    )
 
 
 def test_round_costs_give_leviathans_terms_from_the_phases():
@@ -142,8 +155,26 @@ def test_break_even_interpolates_the_crossing_and_predicts_from_costs():
 def test_bench_cli_json(capsys):
     from spectest.cli import main
 
-    code = main(["bench", "--mixes", "0.2", "--tokens", "4", "--passes", "2", "--rounds", "2", "--vocab", "64",
-                 "--target-mb", "0.1", "--draft-mb", "0.01", "--json"])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "--mixes",
+            "0.2",
+            "--tokens",
+            "4",
+            "--passes",
+            "2",
+            "--rounds",
+            "2",
+            "--vocab",
+            "64",
+            "--target-mb",
+            "0.1",
+            "--draft-mb",
+            "0.01",
+            "--json",
+        ]
+    )
     assert code == 0
     document = json.loads(capsys.readouterr().out)
     assert document["schema"] == "spectest.bench/2" and document["verifier"] == "reference"
@@ -153,8 +184,15 @@ def test_bench_cli_json(capsys):
     assert point["ratio"] > 0 and point["pass_cost_ratio"] > 0 and 0 < point["acceptance"] < 1
 
 
-@pytest.mark.parametrize("args, message", [(["--mixes", "2"], "need comma-separated values in [0, 1]"),
-                                           (["--model", "nope"], "is not a registered name")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mixes", "2"], "need comma-separated values in [0, 1]"),
+        (["--spec-model", "nope"], "is not a registered name"),
+        (["--model", "nope"], "is not a registered name"),  # the old spelling still works
+        (["--spec-seed", "-1"], "must be a non-negative integer"),
+    ],
+)
 def test_bench_cli_rejects_bad_arguments(capsys, args, message):
     from spectest.cli import main
 

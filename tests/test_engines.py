@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from spectest.checks import DistributionCheck
+from spectest.engine.checks import DistributionCheck
 from spectest.resolve import resolve_model
 from tests.runner_helpers import run_pytest
 
@@ -55,8 +55,16 @@ def test_only_the_implementations_own_time_cuts_a_check_short(implementation_sec
     a check whose implementation took no time runs to plan whatever the wall clock says."""
     spent = [0.0]
     probs = np.full((1, 10), 0.1)
-    check = DistributionCheck("slow", probs, alpha=1e-3, tolerance=0.05, min_draws=50, max_draws=10**6,
-                              time_budget=0.5, spent=lambda: spent[0])  # fmt: skip
+    check = DistributionCheck(
+        "slow",
+        probs,
+        alpha=1e-3,
+        tolerance=0.05,
+        min_draws=50,
+        max_draws=10**6,
+        time_budget=0.5,
+        spent=lambda: spent[0],
+    )
     rng = np.random.default_rng(0)
     while not check.done:
         batch = check.next_batch(10**6)
@@ -92,6 +100,11 @@ def test_gpu_check_says_why_it_cannot_run_without_a_gpu(tmp_path):
 
     script = REPO / ".ci" / "gpu-check"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    done = subprocess.run(["bash", str(script)], env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(script)],
+        env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "no Python with a CUDA build of torch" in (tmp_path / "status").read_text()

@@ -89,6 +89,7 @@ def assert_caught(run: Run, label: str) -> None:
         outcome = run.results[(label, prop)]
         assert outcome.outcome == "failed", f"{label} should fail {prop}, but it {outcome.outcome}"
         failure = outcome.failure or {}
+        assert "def body(" not in outcome.text, "a rule's failure should show its message, not the property's code"
         assert failure.get("kind") in ("rule", "statistical") and failure.get("rule") in rules, (
             f"{label} failed {prop} by {failure}, not by {rules}:\n{outcome.text[-2000:]}"
         )

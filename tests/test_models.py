@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectest import strategies as sst
-from spectest.loop import generate, sequence_index
-from spectest.models import DRAFT_KINDS, TARGET_KINDS, distribution_pair, markov_pair
+from spectest.cases.toy_models import DRAFT_KINDS, TARGET_KINDS, distribution_pair, markov_pair
+from spectest.implementations.reference import verify
 from spectest.protocol import Model
-from spectest.reference import verify
 from spectest.sampling import make_generator
+from spectest.suite.loop import generate, sequence_index
 
 
 @settings(max_examples=50)

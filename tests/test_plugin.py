@@ -112,7 +112,7 @@ def test_cli_check_and_models(tmp_path):
     listed = subprocess.run(
         [sys.executable, "-m", "spectest.cli", "models"], capture_output=True, text=True, check=True
     )
-    assert "reference\tspectest.reference:REFERENCE" in listed.stdout.splitlines()
+    assert "reference\tspectest.implementations.reference:REFERENCE" in listed.stdout.splitlines()
     checked = subprocess.run(
         [
             sys.executable,

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from spectest.simulators import expected_passes, expected_tokens_iid, slot_acceptance, tokens_per_pass_along
 
-from simulators import expected_passes, expected_tokens_iid, slot_acceptance, tokens_per_pass_along
+from spectest.cases.toy_models import markov_pair
 from spectest.cli import main
-from spectest.decoding import CostedMarkovLM, plain_decode, speculative_decode
-from spectest.models import markov_pair
-from spectest.profile import build_pair, profile_tokens
+from spectest.profiler.acceptance import build_pair, profile_tokens
 from spectest.resolve import resolve_model
 from spectest.sampling import make_generator
+from spectest.speed.decoding import CostedMarkovLM, plain_decode, speculative_decode
 
 # Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
 pytestmark = pytest.mark.xdist_group("test_profile")
@@ -86,12 +86,23 @@ def test_predicted_tokens_per_pass_match_speculative_decoding():
     device = torch.device("cpu")
     texts = plain_decode(target_lm, batch=n, tokens=length, start=vocab, generator=make_generator(1), device=device)
     pair = build_pair("toy:dirichlet", "toy:far", vocab=vocab, seed=5)
-    predicted = np.array([
-        expected_passes(profile_tokens(pair.target, pair.draft, row.tolist(), name="s", label="s").realized, k)
-        for row in texts.tokens
-    ])  # fmt: skip
-    decoded = speculative_decode(target_lm, draft_lm, resolve_model("reference"), batch=n, tokens=length, k=k,
-                                 start=vocab, generator=make_generator(2), device=device)  # fmt: skip
+    predicted = np.array(
+        [
+            expected_passes(profile_tokens(pair.target, pair.draft, row.tolist(), name="s", label="s").realized, k)
+            for row in texts.tokens
+        ]
+    )
+    decoded = speculative_decode(
+        target_lm,
+        draft_lm,
+        resolve_model("reference"),
+        batch=n,
+        tokens=length,
+        k=k,
+        start=vocab,
+        generator=make_generator(2),
+        device=device,
+    )
     cumulative = decoded.tokens_per_pass.cumsum(dim=1)
     measured = ((cumulative < length).sum(dim=1) + 1).numpy()
     test = stats.ttest_ind(measured, predicted, equal_var=False)
@@ -105,12 +116,33 @@ def test_cli_reports_by_file_and_label_with_json_and_plot(corpus, tmp_path, caps
     pytest.importorskip("matplotlib")
     train, held = corpus
     out, plot = tmp_path / "p.json", tmp_path / "p.png"
-    code = main(["profile", "--target", "ngram:4", "--draft", "ngram:2", "--train", str(train), "--text",
-                 f"code={held}", f"prose={train}", "--max-tokens", "2000", "--gamma", "3", "--cost-ratio", "0.1",
-                 "--json", str(out), "--plot", str(plot)])  # fmt: skip
+    code = main(
+        [
+            "profile",
+            "--target",
+            "ngram:4",
+            "--draft",
+            "ngram:2",
+            "--train",
+            str(train),
+            "--text",
+            f"code={held}",
+            f"prose={train}",
+            "--max-tokens",
+            "2000",
+            "--gamma",
+            "3",
+            "--cost-ratio",
+            "0.1",
+            "--json",
+            str(out),
+            "--plot",
+            str(plot),
+        ]
+    )
     assert code == 0 and plot.stat().st_size > 0
     document = json.loads(out.read_text())
-    assert document["schema"] == "spectest.profile/1" and {r["name"] for r in document["labels"]} == {"code", "prose"}
+    assert document["schema"] == "spectest.profile/2" and {r["name"] for r in document["labels"]} == {"code", "prose"}
     row = document["files"][0]
     assert 0 < row["mean_acceptance"] < 1 and len(row["slot_acceptance"]) == 3 and 1 <= row["tokens_per_pass"] <= 4
     assert row["speedup"] == pytest.approx(row["tokens_per_pass"] / (3 * 0.1 + 1))
@@ -123,15 +155,17 @@ def test_temperature_changes_acceptance_and_greedy_is_argmax_agreement(corpus):
     train, held = corpus
     pair = build_pair("ngram:4", "ngram:2", train=[train])
     tokens = list(held.read_bytes()[:800])
-    greedy = profile_tokens(pair.target, pair.draft, tokens, name="h", label="h",
-                            params=SamplingParams.build(1, temperature=0.0))  # fmt: skip
+    greedy = profile_tokens(
+        pair.target, pair.draft, tokens, name="h", label="h", params=SamplingParams.build(1, temperature=0.0)
+    )
     agree = pair.target.next_probs(tokens).argmax(-1) == pair.draft.next_probs(tokens).argmax(-1)
     assert np.array_equal(greedy.acceptance, agree.astype(float))
 
 
 def test_toy_models_profile_generated_text(capsys):
-    assert main(["profile", "--target", "toy:dirichlet", "--draft", "toy:close", "--generate", "500",
-                 "--json", "-"]) == 0  # fmt: skip
+    assert (
+        main(["profile", "--target", "toy:dirichlet", "--draft", "toy:close", "--generate", "500", "--json", "-"]) == 0
+    )
     document = json.loads(capsys.readouterr().out)
     assert document["files"][0]["tokens"] == 500 and document["files"][0]["mean_acceptance"] > 0.5
 
@@ -158,8 +192,9 @@ def test_local_transformers_models_profile_text_and_a_vocabulary_mismatch_is_an_
     other = save_tiny_lm(tmp_path / "other", 2, alphabet_size=200)
     text = tmp_path / "t.txt"
     text.write_text("def f(x):\n    return x + 1\n" * 4)
-    assert main(["profile", "--target", f"hf:{target}", "--draft", f"hf:{draft}", "--text", str(text),
-                 "--json", "-"]) == 0  # fmt: skip
+    assert (
+        main(["profile", "--target", f"hf:{target}", "--draft", f"hf:{draft}", "--text", str(text), "--json", "-"]) == 0
+    )
     row = json.loads(capsys.readouterr().out)["files"][0]
     assert row["tokens"] == len(text.read_bytes()) and 0 < row["mean_acceptance"] < 1
     with pytest.raises(SystemExit):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spectest.options import BUDGETS, DEFAULT_ALPHA
-from spectest.plugin import MARKER, examples_for
+from spectest.session import MARKER, planned_checks
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -25,7 +25,7 @@ MODULES = [
 def properties() -> list:
     functions = []
     for name in MODULES:
-        module = importlib.import_module(f"properties.{name}")
+        module = importlib.import_module(f"spectest.properties.{name}")
         functions += [f for f in vars(module).values() if callable(f) and getattr(f, "pytestmark", None)]
     return [f for f in functions if any(m.name == MARKER for m in f.pytestmark)]
 
@@ -35,7 +35,7 @@ def checks_per_model(budget: str) -> int:
     total = 0
     for function in properties():
         marker = next(m for m in function.pytestmark if m.name == MARKER)
-        total += int(marker.kwargs.get("checks", 1)) * examples_for(marker, BUDGETS[budget])
+        total += planned_checks(marker.kwargs, BUDGETS[budget])
     return total
 
 
@@ -50,7 +50,13 @@ def test_readme_states_each_budgets_checks_and_per_check_level(name):
 
 
 def test_readme_states_each_propertys_case_ranges():
-    from properties import test_acceptance, test_exactness, test_hygiene, test_rejection_chain, test_sampling_params
+    from spectest.properties import (
+        test_acceptance,
+        test_exactness,
+        test_hygiene,
+        test_rejection_chain,
+        test_sampling_params,
+    )
 
     ranges = {
         "test_every_row_and_position_is_exact": test_exactness.POSITIONS,
@@ -69,3 +75,15 @@ def test_readme_states_each_propertys_case_ranges():
             rows.setdefault(line.split("`")[1], line)
     for prop, case_ranges in ranges.items():
         assert case_ranges.describe() in rows[prop], f"README row of {prop} should say {case_ranges.describe()!r}"
+
+
+def test_the_readmes_example_property_runs_through_the_plugin(tmp_path):
+    from tests.runner_helpers import run_pytest
+
+    section = README[README.index("### Writing a property") :]
+    code = section[section.index("```python") + len("```python") : section.index("```\n", section.index("```python"))]
+    (tmp_path / "test_example.py").write_text(code)
+    run = run_pytest(["--spec-model", "reference", str(tmp_path / "test_example.py")], tmp_path)
+    assert run.returncode == 0 and run.results[("reference", "test_emits_at_least_one_token")].outcome == "passed", (
+        run.output[-3000:]
+    )

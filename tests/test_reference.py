@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectest import strategies as sst
-from spectest.cases import draw_drafts, to_tensor
+from spectest.cases.tensors import draw_drafts, to_tensor
+from spectest.implementations.reference import verify
 from spectest.protocol import Model, call_verify
-from spectest.reference import verify
 from spectest.sampling import make_generator, sample_categorical
 
 REFERENCE = Model("reference", verify)

@@ -76,8 +76,8 @@ def test_hostile_model_name_is_escaped(tmp_path):
     hostile = "<script>alert('spectest')</script>"
     script = textwrap.dedent(
         f"""
-        from spectest import check_verifier, reference_verify
-        check_verifier(reference_verify, name={hostile!r}, budget="quick", raise_on_failure=False,
+        from spectest import REFERENCE, check_verifier
+        check_verifier(REFERENCE.verify, name={hostile!r}, budget="quick", raise_on_failure=False,
                        pytest_args=["-q", "-k", "inputs_are_not", "--spec-report", "out"])
         """
     )
@@ -85,6 +85,8 @@ def test_hostile_model_name_is_escaped(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;alert(" in page
+    summary = (tmp_path / "out" / "summary.md").read_text()  # GitHub renders HTML inside Markdown
+    assert "<script>" not in summary and "&lt;script&gt;alert(" in summary
     assert results.load(tmp_path / "out" / "results.json")["tests"][0]["model"] == hostile
 
 

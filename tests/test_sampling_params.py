@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectest import strategies as sst
-from spectest.logits_cases import MIN_P_GAP, TOP_K_GAP, TOP_P_GAP
+from spectest.cases.logits import MIN_P_GAP, TOP_K_GAP, TOP_P_GAP
+from spectest.implementations.reference import REFERENCE
 from spectest.protocol import ContractViolation, Model, build_model, call_propose, call_verify_logits
-from spectest.reference import REFERENCE
 from spectest.resolve import ModelSpecError, resolve_model
 from spectest.sampling import make_generator
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
@@ -48,17 +48,23 @@ def plain_processed(logits: np.ndarray, t: float, top_k: int, top_p: float, min_
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=sst.logits_cases(batch=st.integers(1, 6), k=st.integers(1, 3), vocab=st.integers(2, 60)),
-       order=st.permutations(("top_k", "top_p", "min_p")))  # fmt: skip
+@given(
+    case=sst.logits_cases(batch=st.integers(1, 6), k=st.integers(1, 3), vocab=st.integers(2, 60)),
+    order=st.permutations(("top_k", "top_p", "min_p")),
+)
 def test_processed_distribution_matches_the_plain_definition(case, order):
     inputs = sst.build_logits(case, order=tuple(order))
     params = inputs.params
     for b in range(case.batch):
         for i in range(case.k + 1):
             want = plain_processed(
-                inputs.target_logits[b, i], float(params.temperature[b]), int(params.top_k[b]),
-                float(params.top_p[b]), float(params.min_p[b]), order,
-            )  # fmt: skip
+                inputs.target_logits[b, i],
+                float(params.temperature[b]),
+                int(params.top_k[b]),
+                float(params.top_p[b]),
+                float(params.min_p[b]),
+                order,
+            )
             np.testing.assert_allclose(inputs.target[b, i], want, atol=1e-12)
 
 

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
-
-from simulators import (
+from spectest.simulators import (
     CostModel,
     acceptance_for_speedup,
     acceptance_probability,
@@ -24,15 +23,16 @@ from simulators import (
     tokens_per_pass,
     tokens_per_pass_iid,
 )
-from simulators.markov import (
+from spectest.simulators.markov import (
     MarkovChainModel,
     brute_force_prefix_bound,
     context_free_prefix_bound,
     long_run_distribution,
 )
-from simulators.montecarlo import simulate_iid, simulate_markov, simulate_positions
-from spectest.models import markov_pair
-from spectest.stats import Group, chisquare_groups
+from spectest.simulators.montecarlo import simulate_iid, simulate_markov, simulate_positions
+
+from spectest.cases.toy_models import markov_pair
+from spectest.engine.stats import Group, chisquare_groups
 
 LEVEL = 1e-6
 
@@ -212,10 +212,10 @@ def test_reference_through_the_real_loop_matches_the_exact_long_run():
     equal the long-run value; each row's mean over its first P passes is unbiased (t-test)."""
     import torch
 
-    from spectest.loop import generate
+    from spectest.implementations.reference import verify
     from spectest.protocol import Model
-    from spectest.reference import verify
     from spectest.sampling import make_generator
+    from spectest.suite.loop import generate
 
     target, draft = markov_pair(np.random.default_rng(8), 4, "peaky", "close")
     model = MarkovChainModel(target.table, draft.table)
@@ -223,10 +223,17 @@ def test_reference_through_the_real_loop_matches_the_exact_long_run():
     contexts = model.long_run_contexts(k)
     start = torch.as_tensor(np.random.default_rng(9).choice(contexts.size, size=rows, p=contexts))
     run = generate(
-        Model("reference", verify), target, draft, n_sequences=rows, length=length, k=k,
-        draft_generator=make_generator(1), verify_generator=make_generator(2), device=torch.device("cpu"),
+        Model("reference", verify),
+        target,
+        draft,
+        n_sequences=rows,
+        length=length,
+        k=k,
+        draft_generator=make_generator(1),
+        verify_generator=make_generator(2),
+        device=torch.device("cpu"),
         initial_contexts=start,
-    )  # fmt: skip
+    )
     passes = length // (k + 1)  # every row makes at least this many passes
     order = torch.argsort(run.pass_rows, stable=True)
     sorted_rows = run.pass_rows[order]
@@ -242,33 +249,37 @@ def test_simulate_cli_json_is_stable(capsys):
 
     from spectest.cli import main
 
-    assert main(["simulate", "--alpha", "0.8", "--gamma", "5", "--json"]) == 0
+    assert main(["simulate", "--acceptance", "0.8", "--k", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema"] == "spectest.simulate/1"
+    assert out["schema"] == "spectest.simulate/2"
     assert set(out) == {
         "schema",
         "inputs",
         "tokens_per_pass",
         "speedup",
         "operations_factor",
-        "break_even_alpha",
-        "optimal_gamma",
+        "break_even_acceptance",
+        "optimal_k",
     }
+    assert out["inputs"]["acceptance"] == 0.8 and out["inputs"]["k"] == 5 and set(out["optimal_k"]) == {"k", "speedup"}
+    # The old spellings still work, with the same answer.
+    assert main(["simulate", "--alpha", "0.8", "--gamma", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == out
     assert out["tokens_per_pass"]["mean"] == pytest.approx(3.68928, abs=1e-5)
     assert out["tokens_per_pass"]["distribution"]["6"] == pytest.approx(0.32768, abs=1e-5)
     assert main(["simulate", "--breakeven-table", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
-    assert table["schema"] == "spectest.breakeven/1" and [row["gamma"] for row in table["rows"]] == list(range(1, 9))
+    assert table["schema"] == "spectest.breakeven/2" and [row["k"] for row in table["rows"]] == list(range(1, 9))
     assert table["rows"][1]["break_even"][table["cost_ratios"].index(0.5)] == pytest.approx(0.6180340, abs=1e-7)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--alpha", "1.5"], "argument --alpha: must lie in [0, 1], got 1.5"),
-        (["--alpha", "0.5", "--cost-ratio", "-1"], "argument --cost-ratio: must be a finite number >= 0, got -1"),
-        (["--alpha", "0.5", "--gamma", "0"], "argument --gamma: must be an integer >= 1, got 0"),
-        ([], "simulate needs --alpha (or --breakeven-table)"),
+        (["--acceptance", "1.5"], "argument --acceptance/--alpha: must lie in [0, 1], got 1.5"),
+        (["--acceptance", "0.5", "--cost-ratio", "-1"], "argument --cost-ratio: must be a finite number >= 0, got -1"),
+        (["--acceptance", "0.5", "--k", "0"], "argument --k/--gamma: must be an integer >= 1, got 0"),
+        ([], "simulate needs --acceptance (or --breakeven-table)"),
     ],
 )
 def test_simulate_cli_rejects_bad_arguments(capsys, args, message):

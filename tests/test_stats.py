@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from spectest.stats import MIN_EXPECTED, Group, chisquare_groups, impossible_cells, min_detectable_tv, pool_cells
+from spectest.engine.stats import MIN_EXPECTED, Group, chisquare_groups, impossible_cells, min_detectable_tv, pool_cells
 
 
 @given(st.lists(st.floats(0, 50), min_size=1, max_size=300), st.randoms(use_true_random=False))

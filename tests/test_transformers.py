@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectest.decoding import TransformersLM, plain_decode, speculative_decode
+from spectest.implementations.reference import verify
 from spectest.protocol import Model
-from spectest.reference import verify
 from spectest.sampling import make_generator
+from spectest.speed.decoding import TransformersLM, plain_decode, speculative_decode
 
 transformers = pytest.importorskip("transformers")
 CPU = torch.device("cpu")
@@ -38,9 +38,16 @@ def test_passes_hand_the_verifier_the_right_distributions():
     recorder = Recorder()
     k = 3
     result = speculative_decode(
-        target, draft, Model("recorder", recorder), batch=1, tokens=12, k=k, start=target.start_token,
-        generator=make_generator(0), device=CPU,
-    )  # fmt: skip
+        target,
+        draft,
+        Model("recorder", recorder),
+        batch=1,
+        tokens=12,
+        k=k,
+        start=target.start_token,
+        generator=make_generator(0),
+        device=CPU,
+    )
     history = [target.start_token]
     for drafts, draft_probs, target_probs, emitted in recorder.calls:
         prefix = torch.tensor([history + drafts[0].tolist()])
@@ -54,9 +61,16 @@ def test_passes_hand_the_verifier_the_right_distributions():
 def test_identical_draft_is_always_accepted_and_batches_need_a_window():
     target = tiny_gpt2(2)
     same = speculative_decode(
-        target, target, Model("reference", verify), batch=1, tokens=20, k=4, start=target.start_token,
-        generator=make_generator(1), device=CPU,
-    )  # fmt: skip
+        target,
+        target,
+        Model("reference", verify),
+        batch=1,
+        tokens=20,
+        k=4,
+        start=target.start_token,
+        generator=make_generator(1),
+        device=CPU,
+    )
     assert (same.tokens_per_pass == 5).all() and same.acceptance == 1.0
     plain = plain_decode(target, batch=1, tokens=8, start=target.start_token, generator=make_generator(2), device=CPU)
     assert plain.tokens.shape == (1, 8) and ((plain.tokens >= 0) & (plain.tokens < 16)).all()

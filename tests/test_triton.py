@@ -21,10 +21,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is imported: set it first
 pytest.importorskip("triton")
 
-from spectest.checks import DistributionCheck
-from spectest.positions import reach_probabilities
+from spectest.engine.checks import DistributionCheck
 from spectest.protocol import PAD, ContractViolation, Model, call_verify
 from spectest.sampling import RepeatedCategorical, make_generator
+from spectest.suite.positions import reach_probabilities
 
 ROWS, K, V = 1500, 3, 12
 BATCH = 250  # rows per kernel call: the checks look after each, and a broken kernel stops early
@@ -61,8 +61,15 @@ def exactness(name: str):
     """The per-position check of ``name``'s kernel, sampled in batches of BATCH rows up to ROWS:
     the anytime-valid e-process stops a broken kernel after a few batches."""
     target, draft = case()
-    check = DistributionCheck("triton per-position", target, alpha=ALPHA, tolerance=TOLERANCE, min_draws=BATCH,
-                              max_draws=ROWS, reach=reach_probabilities(target[None], draft[None])[0])  # fmt: skip
+    check = DistributionCheck(
+        "triton per-position",
+        target,
+        alpha=ALPHA,
+        tolerance=TOLERANCE,
+        min_draws=BATCH,
+        max_draws=ROWS,
+        reach=reach_probabilities(target[None], draft[None])[0],
+    )
     while not check.done:
         rows = check.next_batch(BATCH)
         emitted = run_kernel(name, rows, seed=check.draws)

@@ -287,19 +287,33 @@ BONUS_OR_ZERO = (R.BONUS, R.NEVER_IMPOSSIBLE)
 
 # name -> {property that must fail it: the rules or checks any of which may be the one that did}
 BUGS: dict[str, dict[str, tuple[str, ...]]] = {
-    "accept_all": {JOINT: JOINT_OR_ZERO, EXACTNESS: POSITION_OR_ZERO, REJECTION: (R.REJECTION_LENGTH,),
-                   CALLS: (R.COUPLING_BOUND,)},
+    "accept_all": {
+        JOINT: JOINT_OR_ZERO,
+        EXACTNESS: POSITION_OR_ZERO,
+        REJECTION: (R.REJECTION_LENGTH,),
+        CALLS: (R.COUPLING_BOUND,),
+    },
     "ratio_inverted": {JOINT: JOINT_OR_ZERO, EXACTNESS: POSITION_OR_ZERO, REJECTION: (R.REJECTION_LENGTH,)},
     "residual_is_target": {JOINT: JOINT_OR_ZERO, EXACTNESS: POSITION_OR_ZERO},
     "residual_softmax": {JOINT: JOINT_OR_ZERO, EXACTNESS: POSITION_OR_ZERO},
     "residual_and_bonus_from_position_0": {EXACTNESS: POSITION_OR_ZERO, BONUS: BONUS_OR_ZERO},
-    "draft_checked_against_next_position": {JOINT: JOINT_OR_ZERO, EXACTNESS: POSITION_OR_ZERO,
-                                            REJECTION: (R.REJECTION_LENGTH,), BONUS: (R.EQUAL_DRAFTS_ACCEPTED,)},
+    "draft_checked_against_next_position": {
+        JOINT: JOINT_OR_ZERO,
+        EXACTNESS: POSITION_OR_ZERO,
+        REJECTION: (R.REJECTION_LENGTH,),
+        BONUS: (R.EQUAL_DRAFTS_ACCEPTED,),
+    },
     "bonus_from_position_k_minus_1": {JOINT: JOINT_OR_ZERO, EXACTNESS: POSITION_OR_ZERO, BONUS: BONUS_OR_ZERO},
-    "bonus_after_rejection": {JOINT: (R.ACCEPTED_ARE_DRAFTS,), EXACTNESS: (R.ACCEPTED_ARE_DRAFTS,),
-                              REJECTION: (R.ACCEPTED_ARE_DRAFTS,)},
-    "keeps_later_drafts": {JOINT: (R.ACCEPTED_ARE_DRAFTS,), EXACTNESS: (R.ACCEPTED_ARE_DRAFTS,),
-                           REJECTION: (R.ACCEPTED_ARE_DRAFTS,)},
+    "bonus_after_rejection": {
+        JOINT: (R.ACCEPTED_ARE_DRAFTS,),
+        EXACTNESS: (R.ACCEPTED_ARE_DRAFTS,),
+        REJECTION: (R.ACCEPTED_ARE_DRAFTS,),
+    },
+    "keeps_later_drafts": {
+        JOINT: (R.ACCEPTED_ARE_DRAFTS,),
+        EXACTNESS: (R.ACCEPTED_ARE_DRAFTS,),
+        REJECTION: (R.ACCEPTED_ARE_DRAFTS,),
+    },
     "one_uniform_for_all_positions": {JOINT: JOINT_OR_ZERO},
     # Per row and position the bias is spread thin (the per-position check misses it about one run in
     # 15 at the default budget); over whole sequences of a small vocabulary it is plain.
@@ -312,11 +326,17 @@ BUGS: dict[str, dict[str, tuple[str, ...]]] = {
     "modifies_target_in_place": {INPUTS: (R.INPUTS_UNMODIFIED,), DETERMINISM: (R.DETERMINISTIC,)},
     "returns_vocab_size": _everywhere(R.IDS_IN_RANGE),
     "global_rng": {DETERMINISM: (R.DETERMINISTIC,)},
-    "raises_on_large_vocab": {EXACTNESS: (R.DOES_NOT_RAISE,), DETERMINISM: (R.DOES_NOT_RAISE,),
-                              INPUTS: (R.DOES_NOT_RAISE,)},
+    "raises_on_large_vocab": {
+        EXACTNESS: (R.DOES_NOT_RAISE,),
+        DETERMINISM: (R.DOES_NOT_RAISE,),
+        INPUTS: (R.DOES_NOT_RAISE,),
+    },
     "returns_float_ids": _everywhere(R.OUTPUT_DTYPE),
-    "padding_before_token": {JOINT: (R.TOKENS_THEN_PADDING,), EXACTNESS: (R.TOKENS_THEN_PADDING,),
-                             REJECTION: (R.TOKENS_THEN_PADDING,)},
-}  # fmt: skip
+    "padding_before_token": {
+        JOINT: (R.TOKENS_THEN_PADDING,),
+        EXACTNESS: (R.TOKENS_THEN_PADDING,),
+        REJECTION: (R.TOKENS_THEN_PADDING,),
+    },
+}
 # Bugs that only their own properties catch: every other chain property passes them (slow meta-tests).
 ONLY = ("exact_but_accepts_less", "global_rng")

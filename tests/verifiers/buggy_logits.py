@@ -14,8 +14,8 @@ from dataclasses import replace
 import torch
 
 from spectest import rules as R
-from spectest.reference import row_uniforms, verify_at
-from spectest.reference import verify as chain_verify
+from spectest.implementations.reference import row_uniforms, verify_at
+from spectest.implementations.reference import verify as chain_verify
 from spectest.sampling import inverse_cdf_blocked, sample_categorical
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 

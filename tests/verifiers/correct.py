@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from spectest.implementations.reference import REFERENCE, ReferenceSampler
+from spectest.implementations.reference import verify as reference_verify
 from spectest.protocol import PAD
-from spectest.reference import REFERENCE, ReferenceSampler
-from spectest.reference import verify as reference_verify
 from spectest.sampling import sample_categorical
 from spectest.sampling_params import process_logits
 

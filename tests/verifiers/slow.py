@@ -11,8 +11,8 @@ import time
 import torch
 
 from spectest import rules as R
+from spectest.implementations.reference import verify as reference_verify
 from spectest.protocol import PAD
-from spectest.reference import verify as reference_verify
 
 spectest_capabilities = frozenset({"standard-rejection"})
 

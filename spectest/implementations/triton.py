@@ -57,8 +57,22 @@ def _kernel() -> Any:
         return p, q
 
     @triton.jit
-    def chain(drafts, q_ptr, p_ptr, u_ptr, v_ptr, out, vocab, q_row, q_pos, p_row, p_pos,
-              K: tl.constexpr, BLOCK: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
+    def chain(
+        drafts,
+        q_ptr,
+        p_ptr,
+        u_ptr,
+        v_ptr,
+        out,
+        vocab,
+        q_row,
+        q_pos,
+        p_row,
+        p_pos,
+        K: tl.constexpr,
+        BLOCK: tl.constexpr,
+        BUG: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         accepted = tl.full((), 0, tl.int32)
         going = tl.full((), 1, tl.int32)
@@ -137,9 +151,21 @@ class TritonReference:
             return out
         q, p = draft_probs.contiguous(), target_probs.contiguous()
         _kernel()[(batch,)](
-            draft_token_ids.contiguous(), q, p, u, v, out, vocab, q.stride(0), q.stride(1), p.stride(0), p.stride(1),
-            K=k, BLOCK=min(self.block, max(16, 1 << (vocab - 1).bit_length())), BUG=self.bug,
-        )  # fmt: skip
+            draft_token_ids.contiguous(),
+            q,
+            p,
+            u,
+            v,
+            out,
+            vocab,
+            q.stride(0),
+            q.stride(1),
+            p.stride(0),
+            p.stride(1),
+            K=k,
+            BLOCK=min(self.block, max(16, 1 << (vocab - 1).bit_length())),
+            BUG=self.bug,
+        )
         return out
 
 

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from spectest import plots
+from spectest.reporting import plots
 
 
 def _counts(tests: list[dict[str, Any]]) -> dict[str, Counter[str]]:
@@ -55,11 +55,20 @@ def to_html(document: dict[str, Any], images: list[tuple[str, bytes]]) -> str:
         for model, c in sorted(_counts(document["tests"]).items())
     ]
     check_rows = [
-        [c["model"], c["property"], c["check"], "pass" if c["passed"] else "FAIL", _fmt(c["p_value"]), c["n"],
-         _fmt(c["min_detectable_tv"]), f"{_fmt(c['observed_tv'])} [{_fmt(c['tv_interval'][0])}, {_fmt(c['tv_interval'][1])}]",
-         "yes" if c.get("stopped_early") else "", _fmt(c.get("duration_s"), ".2f")]
+        [
+            c["model"],
+            c["property"],
+            c["check"],
+            "pass" if c["passed"] else "FAIL",
+            _fmt(c["p_value"]),
+            c["n"],
+            _fmt(c["min_detectable_tv"]),
+            f"{_fmt(c['observed_tv'])} [{_fmt(c['tv_interval'][0])}, {_fmt(c['tv_interval'][1])}]",
+            "yes" if c.get("stopped_early") else "",
+            _fmt(c.get("duration_s"), ".2f"),
+        ]
         for c in document["checks"]
-    ]  # fmt: skip
+    ]
     failures = "".join(
         f"<h3>{html.escape(t['model'])} / {html.escape(t['property'])}: {html.escape(t['outcome'])}</h3>"
         f"<pre>{html.escape(t['message'])}</pre>"
@@ -87,9 +96,21 @@ def to_html(document: dict[str, Any], images: list[tuple[str, bytes]]) -> str:
         f"<h2>Summary</h2>{_table(['model', 'passed', 'failed', 'skipped'], summary_rows)}"
         f"<h2>Plots</h2>{figures}"
         f"<h2>Failures</h2>{failures or '<p>None.</p>'}"
-        "<h2>Distribution checks</h2>"
+        "<h2>Distribution checks</h2><p>p: the smallest p-value over the pooling views, multiplied by their number"
+        " (Bonferroni) and capped at 1, so many read 1.0; a check fails when it is below its level.</p>"
         + _table(
-            ["model", "property", "check", "verdict", "p", "n", "min detectable TV", "TV [95% CI]", "early stop", "s"],
+            [
+                "model",
+                "property",
+                "check",
+                "verdict",
+                "p (x views, capped at 1)",
+                "n",
+                "min detectable TV",
+                "TV [95% CI]",
+                "early stop",
+                "s",
+            ],
             check_rows,
         )
         + f"<h2>Environment</h2>{_table(['', ''], env_rows)}</body></html>"
@@ -97,7 +118,10 @@ def to_html(document: dict[str, Any], images: list[tuple[str, bytes]]) -> str:
 
 
 def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    """Text from a user or an implementation, inert in a Markdown table: HTML escaped (GitHub renders
+    tags in Markdown), pipes and backticks neutralised, one line."""
+    text = html.escape(str(value).replace("\n", " "), quote=False)
+    return text.replace("|", "\\|").replace("`", "\\`")
 
 
 def to_markdown(document: dict[str, Any]) -> str:
@@ -124,8 +148,11 @@ def to_markdown(document: dict[str, Any]) -> str:
     checks = document["checks"]
     if checks:
         detectable = sorted(c["min_detectable_tv"] for c in checks)
-        lines += ["", f"{len(checks)} distribution checks on {sum(c['n'] for c in checks)} emitted tokens; "
-                  f"median minimum detectable TV {detectable[len(detectable) // 2]:.3f} at power 0.99."]  # fmt: skip
+        lines += [
+            "",
+            f"{len(checks)} distribution checks on {sum(c['n'] for c in checks)} emitted tokens; "
+            f"median minimum detectable TV {detectable[len(detectable) // 2]:.3f} at power 0.99.",
+        ]
     return "\n".join(lines) + "\n"
 
 

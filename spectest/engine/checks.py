@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from spectest.clock import Ledger
-from spectest.sequential import MixtureEProcess
-from spectest.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
+from spectest.engine.sequential import MixtureEProcess
+from spectest.engine.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
+from spectest.speed.clock import Ledger
 
 SEQUENTIAL_SHARE = 0.5  # fraction of a check's alpha spent on early stopping
 FIRST_BATCH = 256
@@ -91,9 +91,14 @@ class DistributionCheck:
         self.tolerance = tolerance
         with self._statistics():
             self.planned, self.planned_mde = plan_draws(
-                self.reach, (probs > 0).sum(axis=1), probs.max(axis=1), alpha=self.alpha_view, tolerance=tolerance,
-                min_draws=min_draws, max_draws=max_draws,
-            )  # fmt: skip
+                self.reach,
+                (probs > 0).sum(axis=1),
+                probs.max(axis=1),
+                alpha=self.alpha_view,
+                tolerance=tolerance,
+                min_draws=min_draws,
+                max_draws=max_draws,
+            )
             self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
         self.counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes

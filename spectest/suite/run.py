@@ -21,14 +21,14 @@ from hypothesis import Phase
 from hypothesis import strategies as st
 
 from spectest import rules
-from spectest.checks import DistributionCheck
-from spectest.clock import OWN_CLOCK, Ledger, cpu_time
-from spectest.plugin import MARKER, RESULT_KEY, SpecSession, examples_for
-from spectest.profiles import profile_for_budget
+from spectest.cases.settings import profile_for_budget
+from spectest.engine.checks import DistributionCheck
+from spectest.engine.stats import FitResult
 from spectest.protocol import ContractViolation, Model, call_propose, call_verify, call_verify_logits
 from spectest.sampling import make_generator
 from spectest.sampling_params import SamplingParams
-from spectest.stats import FitResult
+from spectest.session import RECORD_KEY, SpecSession, examples_for
+from spectest.speed.clock import OWN_CLOCK, Ledger, cpu_time
 
 
 def share_cores_with_other_workers() -> None:
@@ -55,17 +55,23 @@ class StatisticalFailure(AssertionError):
         self.rule = check  # the distribution check that rejected, e.g. "joint sequence distribution"
 
 
+class HarnessError(RuntimeError):
+    """The harness itself is wrong (a property breaks its own declaration), not the implementation."""
+
+
 class PropertyRun:
-    def __init__(self, session: SpecSession, model: Model, node: pytest.Item) -> None:
-        marker = node.get_closest_marker(MARKER)
-        if marker is None:
-            raise RuntimeError(f"{node.nodeid} uses the 'spec' fixture but has no {MARKER} marker")
+    """One property on one model: what it declared (``marker``: examples, checks, explicit),
+    the run's configuration, and the verdicts it reaches."""
+
+    def __init__(self, session: SpecSession, model: Model, node: pytest.Item, marker: dict[str, Any]) -> None:
         self.session = session
         self.model = model
         self.node = node
         self.device = torch.device(session.device)
-        self.explicit = int(marker.kwargs.get("explicit", 0))
+        self.explicit = int(marker.get("explicit", 0))
         self.examples = examples_for(marker, session.budget)
+        self.declared_checks = int(marker.get("checks", 1))
+        self.concluded = 0  # statistical conclusions in the current example
         self.alpha = session.alpha_per_check(model.name)
         self.test_name = getattr(node, "originalname", node.name)
         self.replay = session.replay_command(model, self.test_name)
@@ -74,7 +80,7 @@ class PropertyRun:
         self.ledger = Ledger(cpu_time if self.device.type == "cpu" else OWN_CLOCK)
         share_cores_with_other_workers()
         self.checks_started = 0
-        self.planned_checks = self.examples * int(marker.kwargs.get("checks", 1))
+        self.planned_checks = self.examples * self.declared_checks
         # Own time the implementation's calls may take in this property's distribution checks.
         self.budget = session.implementation_budget(model.name, self.planned_checks)
 
@@ -82,11 +88,18 @@ class PropertyRun:
         return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
 
     def distribution(self, name: str, probs: np.ndarray, *, case_seed: int = 0, **kwargs: Any) -> DistributionCheck:
-        """A distribution check at this run's per-check level and tolerance (see spectest.checks)."""
+        """A distribution check at this run's per-check level and tolerance (see spectest.engine.checks)."""
         return DistributionCheck(
-            name, probs, alpha=self.alpha, tolerance=self.session.tolerance, seed=case_seed,
-            time_budget=self._check_budget(), spent=lambda: self.ledger.total("calls"), ledger=self.ledger, **kwargs,
-        )  # fmt: skip
+            name,
+            probs,
+            alpha=self.alpha,
+            tolerance=self.session.tolerance,
+            seed=case_seed,
+            time_budget=self._check_budget(),
+            spent=lambda: self.ledger.total("calls"),
+            ledger=self.ledger,
+            **kwargs,
+        )
 
     def _check_budget(self) -> float | None:
         """Own time the implementation may spend in the next distribution check: what is left of
@@ -123,6 +136,7 @@ class PropertyRun:
 
         def run(case: Any) -> None:
             __tracebackhide__ = True
+            self.concluded = 0
             body(case)
 
         for case in explicit:
@@ -158,9 +172,14 @@ class PropertyRun:
     ) -> torch.Tensor:
         with self.ledger.measure("calls"):
             return call_verify_logits(
-                self.model, draft_token_ids, draft_logits, target_logits, params, generator,
+                self.model,
+                draft_token_ids,
+                draft_logits,
+                target_logits,
+                params,
+                generator,
                 timeout=self.session.timeout,
-            )  # fmt: skip
+            )
 
     def propose(
         self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
@@ -183,7 +202,11 @@ class PropertyRun:
     def record(self, figures: dict[str, Any]) -> None:
         """Record figures that are reported, not judged (efficiency, tokens per pass, ...)."""
         self.node.user_properties.append(
-            (RESULT_KEY, {"model": self.model.name, "property": self.test_name, "seed": self.session.seed, **figures})
+            (
+                RECORD_KEY,
+                {"kind": "figure", "model": self.model.name, "property": self.test_name, "seed": self.session.seed}
+                | figures,
+            )
         )
 
     def require_possible(
@@ -214,19 +237,29 @@ class PropertyRun:
     def check_fit(self, result: FitResult, *, context: str, started: float | None = None) -> None:
         """Record a distribution check and fail if it rejects exactness."""
         __tracebackhide__ = True
-        record = result.as_record() | {
-            "model": self.model.name,
-            "property": self.test_name,
-            "seed": self.session.seed,
-            "checks_for_model": self.session.checks_per_model.get(self.model.name, 1),
-            "context": context,
-            "duration_s": time.perf_counter() - started if started is not None else None,
-        }
+        self.concluded += 1
+        if self.concluded > self.declared_checks:
+            raise HarnessError(
+                f"{self.test_name} reached {self.concluded} statistical conclusions in one example but its "
+                f"spec_property marker declares checks={self.declared_checks}: the significance split would be "
+                "wrong (every check would get more than its share of --spec-alpha); fix the marker"
+            )
+        record = (
+            {"kind": "check"}
+            | result.as_record()
+            | {
+                "model": self.model.name,
+                "property": self.test_name,
+                "seed": self.session.seed,
+                "context": context,
+                "duration_s": time.perf_counter() - started if started is not None else None,
+            }
+        )
         if result.time_limited:
             record["below_plan_because"] = (
                 f"the implementation's own time in its calls reached this property's budget of {self.budget:.3g} s"
             )
-        self.node.user_properties.append((RESULT_KEY, record))
+        self.node.user_properties.append((RECORD_KEY, record))
         if not result.passed:
             raise StatisticalFailure(
                 f"[{self.model.name}] output is not distributed as the target ({context}).\n"

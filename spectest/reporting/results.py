@@ -34,7 +34,10 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spectest.session import SpecSession
 
 SCHEMA = "spectest.results/1"
 PACKAGES = ("spectest", "torch", "numpy", "scipy", "hypothesis", "pytest", "matplotlib", "cupy", "transformers")
@@ -176,16 +179,44 @@ def describe_model(model: Any) -> dict[str, Any]:
     }
 
 
-def split_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(distribution checks, figures) from the records the properties attached to their reports."""
-    checks = [r for r in records if "p_value" in r]
-    figures = [r for r in records if "p_value" not in r]
-    return checks, figures
-
-
 def document(env: dict[str, Any], tests: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[str, Any]:
-    checks, figures = split_records(records)
+    """The results document from the records the properties attached to their reports (each
+    says its ``kind``: a distribution ``check``, or a ``figure`` that is reported, not judged)."""
+    strip = lambda r: {k: v for k, v in r.items() if k != "kind"}  # noqa: E731
+    checks = [strip(r) for r in records if r["kind"] == "check"]
+    figures = [strip(r) for r in records if r["kind"] == "figure"]
     return {"schema": SCHEMA, "environment": env, "tests": tests, "checks": checks, "figures": figures}
+
+
+def write_run(session: SpecSession) -> list[str]:
+    """Write a finished run's results file where the options asked (``--spec-results FILE``,
+    ``--spec-report DIR``), then render the report from it; the paths written."""
+    if session.report_dir is None and session.results_path is None:
+        return []
+    env = environment(
+        device=session.device,
+        seed=session.seed,
+        alpha=session.alpha,
+        budget=session.budget.name,
+        tolerance=session.tolerance,
+    )
+    env["models"] = [describe_model(m) for m in session.models]
+    data = document(env, session.tests, session.records)
+    written: list[str] = []
+    if session.results_path is not None:
+        write_atomically(Path(session.results_path), data)
+        written.append(str(session.results_path))
+    if session.report_dir is not None:
+        directory = Path(session.report_dir)
+        write_atomically(directory / "results.json", data)  # first: nothing renders before it exists
+        written.append(str(directory / "results.json"))
+        try:
+            from spectest.reporting.report import render
+
+            written += map(str, render(finite(data), directory))
+        except Exception as exc:  # a rendering problem must not hide the results file
+            written.append(f"(report rendering failed: {type(exc).__name__}: {exc})")
+    return written
 
 
 def finite(value: Any) -> Any:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from spectest.cases.sizes import draft_lengths, seeds, vocab_sizes
 from spectest.protocol import DEFAULT_ORDER, PARAMETERS
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
@@ -57,8 +58,6 @@ def logits_cases(
     seeded: bool = False,
 ) -> LogitsCase:
     """Logits cases mixing greedy rows, temperatures and filters row by row."""
-    from spectest.strategies import draft_lengths, seeds, vocab_sizes
-
     return LogitsCase(
         batch=draw(batch if batch is not None else st.integers(1, 64)),
         k=draw(k if k is not None else draft_lengths(max_k=8)),

@@ -8,7 +8,7 @@ acceptances and the optimal K, and :mod:`simulators.speed` into speedup and brea
 
 Model specs: ``ngram:N`` (byte-level, trained on ``--train`` files), ``hf:PATH`` (a local
 transformers causal LM and its tokenizer; nothing is downloaded), ``toy:KIND`` (the harness's
-Markov models, target and draft kinds as in ``spectest.models``; texts come from
+Markov models, target and draft kinds as in ``spectest.cases.toy_models``; texts come from
 ``--generate``), and ``uniform`` (a draft that proposes every token of the target's
 vocabulary with probability 1/V).
 """
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from simulators import CostModel, break_even_acceptance, expected_passes, slot_acceptance
 from spectest.sampling_params import SamplingParams, process_logits
+from spectest.simulators import CostModel, break_even_acceptance, expected_passes, slot_acceptance
 
 MAX_K = 16
 WINDOW = 64
@@ -77,9 +77,14 @@ def check_vocabulary(target: Scorer, draft: Scorer) -> None:
 
 
 def profile_tokens(
-    target: Scorer, draft: Scorer, tokens: Sequence[int], *, name: str, label: str,
+    target: Scorer,
+    draft: Scorer,
+    tokens: Sequence[int],
+    *,
+    name: str,
+    label: str,
     params: SamplingParams | None = None,
-) -> TextProfile:  # fmt: skip
+) -> TextProfile:
     """Teacher-force both models over ``tokens`` and record a_t and r_t."""
     check_vocabulary(target, draft)
     if len(tokens) == 0:
@@ -97,8 +102,9 @@ def profile_tokens(
     p_token = p[np.arange(ids.size), ids]
     possible = p_token > 0
     realized = np.where(possible, overlap[np.arange(ids.size), ids] / np.where(possible, p_token, 1.0), acceptance)
-    return TextProfile(name, label, ids, np.clip(acceptance, 0, 1), np.clip(realized, 0, 1),
-                       int((~possible).sum()), seconds)  # fmt: skip
+    return TextProfile(
+        name, label, ids, np.clip(acceptance, 0, 1), np.clip(realized, 0, 1), int((~possible).sum()), seconds
+    )
 
 
 def below_stretches(acceptance: np.ndarray, threshold: float, window: int = WINDOW) -> list[tuple[int, int]]:
@@ -167,11 +173,16 @@ def measured_cost_ratio(profiles: Sequence[TextProfile]) -> float:
 
 
 def ngram_scorer(order: int, train: Sequence[bytes]) -> Scorer:
-    from spectest.ngram import NgramLM
+    from spectest.profiler.ngram import NgramLM
 
     model = NgramLM(order, list(train))
-    return Scorer(f"ngram:{order}", model.vocabulary, model.vocab_size,
-                  lambda tokens: model.next_probs(bytes(tokens)), encode=list)  # fmt: skip
+    return Scorer(
+        f"ngram:{order}",
+        model.vocabulary,
+        model.vocab_size,
+        lambda tokens: model.next_probs(bytes(tokens)),
+        encode=list,
+    )
 
 
 def markov_scorer(name: str, table: np.ndarray, vocabulary: str) -> Scorer:
@@ -226,13 +237,11 @@ class Pair:
     generate: Callable[[int, int], list[int]] | None = None  # (length, seed) -> tokens from the target
 
 
-def build_pair(
-    target: str, draft: str, *, train: Sequence[Path] = (), vocab: int = 8, seed: int = 0
-) -> Pair:  # fmt: skip
+def build_pair(target: str, draft: str, *, train: Sequence[Path] = (), vocab: int = 8, seed: int = 0) -> Pair:
     """Scorers for the two specs (see the module docstring)."""
     texts = [Path(p).read_bytes() for p in train]
     if target.startswith("toy:") and (draft.startswith("toy:") or draft == "uniform"):
-        from spectest.models import markov_pair
+        from spectest.cases.toy_models import markov_pair
 
         draft_kind = draft.removeprefix("toy:") if draft != "uniform" else "uniform"
         try:

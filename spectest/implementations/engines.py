@@ -71,9 +71,12 @@ class TransformersSampler:
         with global_rng_from(generator):
             for row in range(batch):
                 tokens, _ = sample(
-                    draft_token_ids[row : row + 1], draft_logits[row : row + 1], k, target_logits[row : row + 1],
+                    draft_token_ids[row : row + 1],
+                    draft_logits[row : row + 1],
+                    k,
+                    target_logits[row : row + 1],
                     **extra,
-                )  # fmt: skip
+                )
                 emitted[row, : tokens.shape[1]] = tokens[0]
         return emitted
 
@@ -90,9 +93,11 @@ class FlashInferSampler:
     def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
         sampling = importlib.import_module("flashinfer.sampling")
         out = sampling.chain_speculative_sampling(
-            draft_probs.float().contiguous(), draft_token_ids.int().contiguous(), target_probs.float().contiguous(),
+            draft_probs.float().contiguous(),
+            draft_token_ids.int().contiguous(),
+            target_probs.float().contiguous(),
             generator=generator,
-        )  # fmt: skip
+        )
         return out.to(torch.int64)
 
 
@@ -120,11 +125,15 @@ class VllmSampler:
         metadata = _vllm_sampling_metadata(batch, device, generator)
         with global_rng_from(generator):
             out = module.rejection_sample(
-                draft_token_ids.flatten().int(), [k] * batch, k,
+                draft_token_ids.flatten().int(),
+                [k] * batch,
+                k,
                 torch.arange(1, batch + 1, device=device, dtype=torch.int32) * k,
-                draft_probs.reshape(batch * k, -1).float(), target_probs[:, :k].reshape(batch * k, -1).float(),
-                bonus.int(), metadata,
-            )  # fmt: skip
+                draft_probs.reshape(batch * k, -1).float(),
+                target_probs[:, :k].reshape(batch * k, -1).float(),
+                bonus.int(),
+                metadata,
+            )
         return out.to(torch.int64)
 
 

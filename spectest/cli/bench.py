@@ -1,6 +1,6 @@
 """``spectest bench``: measured speedups against the tokens-per-pass model.
 
-Rounds of plain, reference and ``--model`` decoding at each point (see :mod:`spectest.bench`),
+Rounds of plain, reference and ``--model`` decoding at each point (see :mod:`spectest.speed.bench`),
 timed on the own-time clock. JSON output (``--json``, schema ``spectest.bench/2``): ``config``
 (the BenchConfig fields), ``verifier``, ``clock``, ``rounds``, ``costs`` (the pooled model:
 cost_ratio c, verify_growth d, overhead o, rejection_overhead, plain_overhead, in target steps),
@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from spectest import options
 from spectest.options import argument, positive_int
 
 BENCH_SCHEMA = "spectest.bench/2"
@@ -37,8 +38,21 @@ def add_parser(commands: Any) -> None:
         description="Decode with costed Markov models (exact outputs, real tensor work) and compare the measured "
         "speedup with E[L] (1 + o_plain) / (K c + 1 + d K + o(a)), every cost measured in the same rounds.",
     )
-    bench.add_argument("--model", default="reference", help="verifier: a --spec-model value (default reference)")
-    bench.add_argument("--gamma", type=argument(positive_int), default=4, help="draft tokens per pass K")
+    bench.add_argument(
+        "--spec-model",
+        "--model",
+        dest="model",
+        default="reference",
+        help="the implementation (a --spec-model value; default reference; --model is the old spelling)",
+    )
+    bench.add_argument(
+        "--k",
+        "--gamma",
+        dest="k",
+        type=argument(positive_int),
+        default=4,
+        help="draft tokens per pass K (--gamma is the old spelling)",
+    )
     bench.add_argument("--vocab", type=argument(positive_int), default=32000)
     bench.add_argument("--target-mb", type=float, default=24.0, help="weights a target step reads (MB)")
     bench.add_argument("--draft-mb", type=float, default=0.25, help="weights a draft step reads (MB)")
@@ -49,8 +63,14 @@ def add_parser(commands: Any) -> None:
     bench.add_argument("--passes", type=argument(positive_int), default=6, help="speculative passes per chunk")
     bench.add_argument("--rounds", type=argument(positive_int), default=10, help="interleaved rounds per point")
     bench.add_argument("--batch", type=argument(positive_int), default=1)
-    bench.add_argument("--device", default="cpu", help="cpu or cuda[:N] (times with synchronisation)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--spec-device",
+        "--device",
+        dest="device",
+        default="cpu",
+        help="cpu or cuda[:N] (timed with synchronisation; --device is the old spelling)",
+    )
+    bench.add_argument("--spec-seed", "--seed", dest="seed", type=argument(options.seed), default=0)
     bench.add_argument(
         "--mixes",
         type=_mixes,
@@ -65,20 +85,29 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import torch
 
-    from spectest.bench import BenchConfig, break_even, point_record, sweep
     from spectest.resolve import ModelSpecError, resolve_model
+    from spectest.speed.bench import BenchConfig, break_even, point_record, sweep
 
     if args.device != "cpu" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available on this machine")
+        parser.error(f"--spec-device {args.device}: CUDA is not available on this machine")
     try:
         verifier = resolve_model(args.model)
     except ModelSpecError as exc:
         parser.error(str(exc))
     config = BenchConfig(
-        vocab=args.vocab, k=args.gamma, target_mb=args.target_mb, draft_mb=args.draft_mb,
-        target_hidden=args.target_hidden, draft_hidden=args.draft_hidden, layers=args.layers, batch=args.batch,
-        tokens=args.tokens, passes=args.passes, seed=args.seed, device=args.device,
-    )  # fmt: skip
+        vocab=args.vocab,
+        k=args.k,
+        target_mb=args.target_mb,
+        draft_mb=args.draft_mb,
+        target_hidden=args.target_hidden,
+        draft_hidden=args.draft_hidden,
+        layers=args.layers,
+        batch=args.batch,
+        tokens=args.tokens,
+        passes=args.passes,
+        seed=args.seed,
+        device=args.device,
+    )
     mixes = SWEEP_MIXES if args.sweep else (args.mixes or [0.05, 1.0])
     bench = sweep(
         verifier, config, mixes, rounds=args.rounds, progress=lambda line: print(line, file=sys.stderr, flush=True)

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from spectest import rules
-from spectest.checks import token_id_orders
+from spectest.engine.checks import token_id_orders
 from spectest.protocol import PAD
 
 if TYPE_CHECKING:
-    from spectest.runner import PropertyRun
+    from spectest.suite.run import PropertyRun
 
 # reps -> emitted [reps * B, K + 1] for reps fresh copies of the batch (copy r of row b at r * B + b)
 RepeatedCall = Callable[[int], torch.Tensor]
@@ -64,8 +64,11 @@ def check_every_position(
     per_rep = b * (2 * k + 1) * v
     row_labels = row_labels or [""] * b
     check = spec.distribution(
-        rules.PER_POSITION, target.reshape(b * k1, v), case_seed=seed,
-        reach=reach_probabilities(target, draft).ravel(), min_draws=20,
+        rules.PER_POSITION,
+        target.reshape(b * k1, v),
+        case_seed=seed,
+        reach=reach_probabilities(target, draft).ravel(),
+        min_draws=20,
         max_draws=max(20, max_case_elements // per_rep),
         views={
             "by draft/target ratio": [
@@ -74,7 +77,7 @@ def check_every_position(
             "by token id": token_id_orders(b * k1, v),
         },
         labels=[f"row {r}{row_labels[r]} pos {i}: " for r in range(b) for i in range(k1)],
-    )  # fmt: skip
+    )
     slots = torch.arange(k1, device=spec.device)
     while not check.done:
         reps = check.next_batch(max(1, max_call_elements // per_rep))

@@ -1,7 +1,7 @@
 """Measured speedups against the tokens-per-pass model and its break-even threshold.
 
 Every cost the model needs is measured in the same *round* as the decoding it predicts, on a
-clock other processes cannot steal from (:mod:`spectest.clock`), with torch on one thread. A
+clock other processes cannot steal from (:mod:`spectest.speed.clock`), with torch on one thread. A
 round runs, for each acceptance point, three interleaved chunks: plain decoding, speculative
 decoding with the reference verifier (the model's costs), and speculative decoding with the
 implementation under test. The loops time their own phases, so each cost is measured under
@@ -20,7 +20,7 @@ An implementation whose passes cost more (a full residual at every position, a w
 rejection) measures below the model, and the speed property says by how much.
 
 The pair used makes acceptance identical in every context (see
-:func:`spectest.decoding.uniform_acceptance_pair`), so E[L] of the i.i.d. chain is exact.
+:func:`spectest.speed.decoding.uniform_acceptance_pair`), so E[L] of the i.i.d. chain is exact.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from simulators import CostModel, break_even_acceptance, expected_tokens_iid, speedup
-from spectest.clock import OWN_CLOCK, single_threaded
-from spectest.decoding import (
+from spectest.protocol import Model
+from spectest.sampling import make_generator
+from spectest.simulators import CostModel, break_even_acceptance, expected_tokens_iid, speedup
+from spectest.speed.clock import OWN_CLOCK, single_threaded
+from spectest.speed.decoding import (
     CostedMarkovLM,
     DecodeResult,
     acceptance_from_passes,
@@ -44,8 +46,6 @@ from spectest.decoding import (
     speculative_decode,
     uniform_acceptance_pair,
 )
-from spectest.protocol import Model
-from spectest.sampling import make_generator
 
 SPEED_MARGIN = 1.1  # the model's claim: a pass costs within 10% of it
 
@@ -244,9 +244,13 @@ class SpeedBench:
         self.points = [SpeedPoint(mix, pair[2]) for mix, pair in zip(mixes, self.pairs, strict=True)]
         # The target table is the same at every point (only the draft moves): one target model.
         self.target = CostedMarkovLM(
-            self.pairs[0][0], hidden=cfg.target_hidden, layers=cfg.layers, weight_mb=cfg.target_mb,
-            device=self.device, seed=1,
-        )  # fmt: skip
+            self.pairs[0][0],
+            hidden=cfg.target_hidden,
+            layers=cfg.layers,
+            weight_mb=cfg.target_mb,
+            device=self.device,
+            seed=1,
+        )
         self.drafts = [
             CostedMarkovLM(
                 pair[1], hidden=cfg.draft_hidden, layers=cfg.layers, weight_mb=cfg.draft_mb, device=self.device, seed=2
@@ -263,17 +267,33 @@ class SpeedBench:
     def _plain(self, label: object) -> DecodeResult:
         cfg = self.config
         return plain_decode(
-            self.target, batch=cfg.batch, tokens=cfg.tokens, start=cfg.vocab, generator=self._generator("plain", label),
-            device=self.device, clock=self.clock, phases=True,
-        )  # fmt: skip
+            self.target,
+            batch=cfg.batch,
+            tokens=cfg.tokens,
+            start=cfg.vocab,
+            generator=self._generator("plain", label),
+            device=self.device,
+            clock=self.clock,
+            phases=True,
+        )
 
     def _speculative(self, verifier: Model, index: int, label: object) -> DecodeResult:
         cfg = self.config
         return speculative_decode(
-            self.target, self.drafts[index], verifier, batch=cfg.batch, tokens=0, passes=cfg.passes, k=cfg.k,
-            start=cfg.vocab, generator=self._generator(index, label), device=self.device, clock=self.clock, phases=True,
+            self.target,
+            self.drafts[index],
+            verifier,
+            batch=cfg.batch,
+            tokens=0,
+            passes=cfg.passes,
+            k=cfg.k,
+            start=cfg.vocab,
+            generator=self._generator(index, label),
+            device=self.device,
+            clock=self.clock,
+            phases=True,
             timeout=self.timeout,
-        )  # fmt: skip
+        )
 
     def timing_spread(self, repeats: int = 15) -> float:
         """Interquartile range over median of repeated identical target steps: can this machine be timed?"""
@@ -369,7 +389,7 @@ def break_even(points: Sequence[SpeedPoint], k: int, costs: CostModel) -> BreakE
 
 def point_record(point: SpeedPoint, k: int, costs: CostModel) -> dict[str, object]:
     """A point as the results file and the report's plots carry it."""
-    from simulators import tokens_per_pass_iid
+    from spectest.simulators import tokens_per_pass_iid
 
     return {
         "mix": point.mix,

@@ -141,7 +141,7 @@ def speedup_curve(figures: list[dict[str, Any]]) -> bytes | None:
     records = _speed_records(figures)
     if not records:
         return None
-    from simulators import CostModel, speedup
+    from spectest.simulators import CostModel, speedup
 
     def draw(fig: Any, ax: Any) -> None:
         for record in records:
@@ -191,7 +191,7 @@ def tokens_per_pass(figures: list[dict[str, Any]]) -> bytes | None:
 
 
 def break_even_table(k_max: int = 8) -> bytes | None:
-    from simulators import CostModel, break_even_acceptance
+    from spectest.simulators import CostModel, break_even_acceptance
 
     ratios = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
 
@@ -221,7 +221,7 @@ def plot_profiles(profiles: list[Any], document: dict[str, Any], path: Any) -> N
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from spectest.profile import below_stretches, moving_average
+    from spectest.profiler.acceptance import below_stretches, moving_average
 
     fig, axes = plt.subplots(len(profiles), 1, figsize=(9, 2.2 * len(profiles) + 0.6), dpi=100, squeeze=False)
     try:
@@ -235,8 +235,11 @@ def plot_profiles(profiles: list[Any], document: dict[str, Any], path: Any) -> N
                     ax.axvspan(start, end, color="#ffcdd2", alpha=0.6, linewidth=0)
             ax.set_ylim(0, 1.02)
             ax.set_ylabel("acceptance")
-            ax.set_title(f"{profile.name} ({profile.label}): mean {row['mean_acceptance']:.3f}, "
-                         f"predicted speedup {row['speedup']:.2f}x", fontsize=9)  # fmt: skip
+            ax.set_title(
+                f"{profile.name} ({profile.label}): mean {row['mean_acceptance']:.3f}, "
+                f"predicted speedup {row['speedup']:.2f}x",
+                fontsize=9,
+            )
         axes[-1, 0].set_xlabel("token position")
         axes[0, 0].legend(loc="lower right", fontsize=7)
         fig.tight_layout()

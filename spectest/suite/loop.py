@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from spectest.models import MarkovChain
+from spectest.cases.toy_models import MarkovChain
 from spectest.protocol import PAD, Model, call_verify
 from spectest.sampling import sample_categorical
 

@@ -1,8 +1,8 @@
 """``spectest profile``: predicted acceptance and speedup of a target/draft pair on the user's texts.
 
-JSON output (``--json``), schema ``spectest.profile/1``: ``inputs`` {target, draft, gamma,
+JSON output (``--json``), schema ``spectest.profile/2``: ``inputs`` {target, draft, k,
 cost_ratio, cost_ratio_measured, temperature, top_k, top_p}, ``files`` and ``labels``: one
-summary each (see ``spectest.profile.summarize``: mean_acceptance, acceptance_std,
+summary each (see ``spectest.profiler.acceptance.summarize``: mean_acceptance, acceptance_std,
 acceptance_quantiles, window_acceptance_range, slot_acceptance, tokens_per_pass, speedup,
 break_even_acceptance, margin, optimal_k, optimal_speedup, tokens_below_break_even, ...).
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from spectest.options import argument, non_negative, positive_int, unit_interval
 
-SCHEMA = "spectest.profile/1"
+SCHEMA = "spectest.profile/2"
 
 
 def add_parser(commands: Any) -> None:
@@ -32,7 +32,14 @@ def add_parser(commands: Any) -> None:
     prof.add_argument("--text", nargs="+", default=[], metavar="[LABEL=]FILE", help="texts to profile")
     prof.add_argument("--train", nargs="+", default=[], metavar="FILE", help="training text for ngram models")
     prof.add_argument("--generate", type=argument(positive_int), help="profile N tokens sampled from a toy target")
-    prof.add_argument("--gamma", type=argument(positive_int), default=4, help="draft tokens per pass K (default 4)")
+    prof.add_argument(
+        "--k",
+        "--gamma",
+        dest="k",
+        type=argument(positive_int),
+        default=4,
+        help="draft tokens per pass K (default 4; --gamma is the old spelling)",
+    )
     prof.add_argument("--cost-ratio", type=argument(non_negative), help="draft/target cost c (default: measured)")
     prof.add_argument("--temperature", type=argument(non_negative), default=1.0, help="0 means greedy")
     prof.add_argument("--top-k", type=argument(positive_int), default=None)
@@ -46,7 +53,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from spectest.profile import ProfileError
+    from spectest.profiler.acceptance import ProfileError
 
     try:
         document = profile(args)
@@ -68,14 +75,23 @@ def _params(args: argparse.Namespace):
     if args.temperature == 1.0 and args.top_k is None and args.top_p is None and args.min_p is None:
         return None
     return SamplingParams.build(
-        1, temperature=args.temperature, top_k=args.top_k or 0, top_p=args.top_p if args.top_p is not None else 1.0,
+        1,
+        temperature=args.temperature,
+        top_k=args.top_k or 0,
+        top_p=args.top_p if args.top_p is not None else 1.0,
         min_p=args.min_p or 0.0,
-    )  # fmt: skip
+    )
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
-    from spectest.profile import ProfileError, build_pair, check_vocabulary, measured_cost_ratio, profile_tokens
-    from spectest.profile import summarize as summarize_profiles
+    from spectest.profiler.acceptance import (
+        ProfileError,
+        build_pair,
+        check_vocabulary,
+        measured_cost_ratio,
+        profile_tokens,
+    )
+    from spectest.profiler.acceptance import summarize as summarize_profiles
 
     pair = build_pair(args.target, args.draft, train=[Path(p) for p in args.train], vocab=args.vocab, seed=args.seed)
     check_vocabulary(pair.target, pair.draft)
@@ -85,8 +101,9 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         if pair.generate is None:
             raise ProfileError("--generate samples from a toy target (toy:KIND)")
         tokens = pair.generate(args.generate, args.seed)
-        profiles.append(profile_tokens(pair.target, pair.draft, tokens, name="generated", label="generated",
-                                       params=params))  # fmt: skip
+        profiles.append(
+            profile_tokens(pair.target, pair.draft, tokens, name="generated", label="generated", params=params)
+        )
     encode = pair.target.encode
     for item in args.text:
         label, sep, path = item.partition("=")
@@ -105,7 +122,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "inputs": {
             "target": args.target,
             "draft": args.draft,
-            "gamma": args.gamma,
+            "k": args.k,
             "cost_ratio": cost,
             "cost_ratio_measured": measured,
             "temperature": args.temperature,
@@ -113,14 +130,14 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             "top_p": args.top_p,
             "min_p": args.min_p,
         },
-        "files": [summarize_profiles([p], k=args.gamma, cost_ratio=cost, name=p.name) for p in profiles],
+        "files": [summarize_profiles([p], k=args.k, cost_ratio=cost, name=p.name) for p in profiles],
         "labels": [
-            summarize_profiles([p for p in profiles if p.label == label], k=args.gamma, cost_ratio=cost, name=label)
+            summarize_profiles([p for p in profiles if p.label == label], k=args.k, cost_ratio=cost, name=label)
             for label in labels
         ],
     }
     if args.plot:
-        from spectest.plots import plot_profiles
+        from spectest.reporting.plots import plot_profiles
 
         plot_profiles(profiles, document, Path(args.plot))
     return document
@@ -130,7 +147,7 @@ def table(document: dict[str, Any]) -> str:
     inputs = document["inputs"]
     be = document["files"][0]["break_even_acceptance"]
     lines = [
-        f"target {inputs['target']}, draft {inputs['draft']}, K={inputs['gamma']}, cost ratio c={inputs['cost_ratio']:.3g}"
+        f"target {inputs['target']}, draft {inputs['draft']}, K={inputs['k']}, cost ratio c={inputs['cost_ratio']:.3g}"
         f" (measured {inputs['cost_ratio_measured']:.3g}); break-even acceptance "
         + (f"{be:.3f}" if be is not None else "none (drafting costs more than it can save)"),
         f"{'text':<32} {'tokens':>7} {'accept':>7} {'std':>6} {'p10':>6} {'tok/pass':>8} {'speedup':>7} "

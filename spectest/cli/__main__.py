@@ -1,0 +1,7 @@
+"""``python -m spectest.cli``."""
+
+import sys
+
+from spectest.cli import main
+
+sys.exit(main())

@@ -1,0 +1,3 @@
+"""The statistical engine: plan a distribution check from a tolerance, sample with anytime-valid
+early stopping, conclude with pooled chi-square tests (``checks``, ``stats``, ``sequential``).
+"""

@@ -1,0 +1,162 @@
+"""One run's configuration, read once from the options, and the decisions made from it.
+
+Below both the pytest plugin and the property runner (neither imports the other's internals): the
+plugin builds a :class:`SpecSession` from pytest's options, the runner reads it. It owns the
+significance split (Bonferroni over the statistical checks each model's properties declare,
+counted at collection), the implementation-time budget, and the replay command. Imports
+nothing heavy: the plugin loads in every pytest run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spectest import options
+from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_RUN_SECONDS, DEFAULT_TIMEOUT_S, Budget
+
+if TYPE_CHECKING:
+    from spectest.protocol import Model
+
+MARKER = "spec_property"  # spec_property(examples, checks, explicit=0)
+# Keys of what a property run leaves in pytest's report (user_properties), for the results file.
+RECORD_KEY = "spectest"  # a record: {"kind": "check" | "figure", "model", "property", ...}
+FAILURE_KEY = "spectest-failure"  # what caught a failing property: {"kind", "rule"}
+MODEL_KEY = "spectest-model"  # the model's name, so nothing parses it back out of a node id
+
+
+def suite_dir() -> Path:
+    """Where the installed property suite (``spectest.properties``) lives, found without importing it."""
+    spec = importlib.util.find_spec("spectest.properties")
+    assert spec is not None and spec.submodule_search_locations, "spectest.properties is not installed"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def examples_for(marker_kwargs: Mapping[str, Any], budget: Budget) -> int:
+    """Hypothesis examples a property runs under ``budget`` (explicit examples included)."""
+    explicit = int(marker_kwargs.get("explicit", 0))
+    return explicit + max(1, round(int(marker_kwargs.get("examples", 10)) * budget.examples))
+
+
+def planned_checks(marker_kwargs: Mapping[str, Any], budget: Budget) -> int:
+    """Statistical conclusions a property will reach: its declared checks per example, times examples."""
+    return int(marker_kwargs.get("checks", 1)) * examples_for(marker_kwargs, budget)
+
+
+class OptionError(ValueError):
+    """An option's value is unusable; the message names the option."""
+
+
+@dataclass
+class SpecSession:
+    """Everything the run was configured with, plus the significance split made at collection."""
+
+    model_specs: list[str]
+    device: str
+    seed: int
+    alpha: float
+    budget: Budget
+    tolerance: float
+    timeout: float
+    shrink: bool
+    run_seconds: float = DEFAULT_RUN_SECONDS
+    property_seconds: float | None = None
+    report_dir: str | None = None
+    results_path: str | None = None
+    models: list[Model] = field(default_factory=list)
+    # model name -> statistical checks its selected properties declare (before -k deselection)
+    checks_per_model: dict[str, int] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    tests: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_options(cls, value: Callable[[str], Any], *, default_seed: int | None = None) -> SpecSession:
+        """Read and validate every option once; ``value(name)`` gives an option's raw value or None."""
+
+        def parse(name: str, parser: Callable[[str], Any], default: Any) -> Any:
+            raw = value(name)
+            if raw is None:
+                return default
+            try:
+                return parser(raw)
+            except ValueError as exc:
+                raise OptionError(f"--{name.replace('_', '-')}: {exc}") from None
+
+        budget = BUDGETS[str(value("spec_budget") or "default")]
+        seed = default_seed if default_seed is not None else random.SystemRandom().randrange(2**32)
+        return cls(
+            model_specs=list(value("spec_model") or []),
+            device=check_device(str(value("spec_device") or "cpu")),
+            seed=parse("spec_seed", options.seed, seed),
+            alpha=parse("spec_alpha", options.probability, DEFAULT_ALPHA),
+            budget=budget,
+            tolerance=parse("spec_tolerance", options.tolerance, budget.tolerance),
+            timeout=parse("spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
+            run_seconds=parse("spec_run_seconds", options.positive_seconds, DEFAULT_RUN_SECONDS),
+            property_seconds=parse("spec_property_seconds", options.positive_seconds, None),
+            shrink=not value("spec_no_shrink"),
+            report_dir=value("spec_report"),
+            results_path=value("spec_results"),
+        )
+
+    def alpha_per_check(self, model: str) -> float:
+        """Bonferroni: the run's alpha shared equally by the model's statistical checks."""
+        return self.alpha / max(1, self.checks_per_model.get(model, 1))
+
+    def implementation_budget(self, model: str, planned: int) -> float | None:
+        """Time a property's distribution checks may spend in the implementation's calls: its
+        share of --spec-run-seconds by planned checks (counted at collection, like alpha), capped
+        by --spec-property-seconds; None for no limit."""
+        limits = []
+        if self.run_seconds:
+            limits.append(self.run_seconds * planned / max(1, self.checks_per_model.get(model, planned)))
+        if self.property_seconds:
+            limits.append(self.property_seconds)
+        return min(limits) if limits else None
+
+    def replay_command(self, model: Model, test_name: str) -> str:
+        parts = ["pytest", "--spec-model", model.source, "--spec-seed", str(self.seed)]
+        if self.device != "cpu":
+            parts += ["--spec-device", self.device]
+        if self.budget.name != "default":
+            parts += ["--spec-budget", self.budget.name]
+        if self.alpha != DEFAULT_ALPHA:
+            parts += ["--spec-alpha", repr(self.alpha)]
+        if self.tolerance != self.budget.tolerance:
+            parts += ["--spec-tolerance", repr(self.tolerance)]
+        if self.run_seconds != DEFAULT_RUN_SECONDS:
+            parts += ["--spec-run-seconds", repr(self.run_seconds)]
+        if self.property_seconds is not None:
+            parts += ["--spec-property-seconds", repr(self.property_seconds)]
+        parts += ["-k", test_name]
+        return shlex.join(parts)
+
+    def split_lines(self) -> list[str]:
+        """The significance split, as the terminal summary and the docs state it."""
+        return [
+            f"{model}: false-failure budget alpha={self.alpha:g} split over {count} statistical checks "
+            f"(Bonferroni, each at {self.alpha / count:.3g}); seed {self.seed}"
+            if count
+            else f"{model}: exact rules only, no statistical check; seed {self.seed}"
+            for model, count in self.checks_per_model.items()
+        ]
+
+
+def check_device(device: str) -> str:
+    if device == "cpu":
+        return device
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise OptionError(f"--spec-device {device!r}: expected cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise OptionError(f"--spec-device {device!r}: CUDA is not available on this machine")
+    index = int(device[5:]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise OptionError(f"--spec-device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return device
