@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spectest.resolve import ModelSpecError, registered
-from spectest.session import suite_dir
 
 
 def check_verifier(
@@ -25,6 +24,8 @@ def check_verifier(
     false. Extra ``pytest_args`` (``-x``, ``-k ...``) pass through. The object is registered under
     ``name`` for this process and the run resolves it like any ``--spec-model`` name.
     """
+    import importlib.util
+
     import pytest
 
     label = name or getattr(verify, "__name__", type(verify).__name__)
@@ -32,7 +33,9 @@ def check_verifier(
         with registered(label, verify):
             args = ["--spec-model", label, "--spec-device", device, "--spec-budget", budget, "-p", "no:cacheprovider"]
             args += ["--spec-seed", str(seed)] if seed is not None else []
-            code = int(pytest.main([*args, *pytest_args, str(suite_dir())]))
+            # The object lives in this process: no xdist workers, whatever the configuration says.
+            args += ["-n", "0"] if importlib.util.find_spec("xdist") else []
+            code = int(pytest.main([*args, *pytest_args]))
     except (ModelSpecError, ValueError) as exc:
         raise TypeError(str(exc)) from None
     if raise_on_failure and code != 0:

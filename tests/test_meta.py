@@ -17,7 +17,7 @@ import pytest
 from tests import matrix
 from tests.runner_helpers import Run, run_pytest
 
-# Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
+# Its session-scoped fixture runs once: every test that uses it goes to the same xdist worker.
 pytestmark = pytest.mark.xdist_group("test_meta")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def run_bugs(labels: list[str], props_of, tmp_path: Path, extra: list[str] = ())
     return run_pytest([*args, "--spec-no-shrink", "-n", "2", "-k", selection(pairs), *extra], tmp_path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def declared_run(tmp_path_factory) -> Run:
     """Every chain and logits bug, on the properties declared to catch it, in one real run."""
     labels = [label for label in BUGS if not label.startswith("slow.py")]

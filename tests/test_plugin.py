@@ -151,3 +151,30 @@ def test_check_verifier_library_call(tmp_path, monkeypatch):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_property_concluding_more_checks_than_it_declares_is_a_harness_error(tmp_path):
+    """The significance split trusts each property's declared checks: concluding more is a loud
+    harness error (a crash in the results file), never a silent miscount."""
+    (tmp_path / "test_miscounted.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            import pytest
+            from hypothesis import strategies as st
+
+            @pytest.mark.spec_property(examples=1, checks=0)
+            def test_undeclared_check(spec):
+                def body(_):
+                    check = spec.distribution("coin", np.array([[0.5, 0.5]]), min_draws=10, max_draws=10)
+                    check.add(np.array([[5, 5]]), 10)
+                    spec.conclude(check, context="a fair coin")
+
+                spec.given(st.just(0), body)
+            """
+        )
+    )
+    run = run_pytest(["--spec-model", "reference", "-n", "0", str(tmp_path / "test_miscounted.py")], tmp_path)
+    outcome = run.results[("reference", "test_undeclared_check")]
+    assert outcome.outcome == "failed" and outcome.failure["kind"] == "crash", outcome.text[-2000:]
+    assert outcome.failure["rule"].startswith("HarnessError") and "declares checks=0" in outcome.failure["rule"]

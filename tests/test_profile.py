@@ -18,13 +18,13 @@ from spectest.resolve import resolve_model
 from spectest.sampling import make_generator
 from spectest.speed.decoding import CostedMarkovLM, plain_decode, speculative_decode
 
-# Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
+# Its session-scoped fixture runs once: every test that uses it goes to the same xdist worker.
 pytestmark = pytest.mark.xdist_group("test_profile")
 
 ALPHA = 1e-4
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     """Training and held-out text that exists on any machine: this package's own sources."""
     import spectest

@@ -12,10 +12,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from spectest import plots, report, results
+from spectest.reporting import plots, report, results
 from tests.runner_helpers import run_pytest
 
-# Its module-scoped fixture runs once: every test that uses it goes to the same xdist worker.
+# Its session-scoped fixture runs once: every test that uses it goes to the same xdist worker.
 pytestmark = pytest.mark.xdist_group("test_report")
 
 VERIFIERS = Path(__file__).resolve().parent / "verifiers"
@@ -35,7 +35,7 @@ class Collect(HTMLParser):
             self.scripts += 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def failing_run(tmp_path_factory) -> Path:
     """A real run with one correct and one buggy model, reported into a directory."""
     work = tmp_path_factory.mktemp("report")

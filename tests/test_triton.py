@@ -45,7 +45,7 @@ def case() -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_kernel(name: str, rows: int, seed: int) -> np.ndarray:
-    from spectest.extra import triton_reference
+    from spectest.implementations import triton as triton_reference
 
     kernel = triton_reference.TRITON_REFERENCE if name == "correct" else triton_reference.BROKEN[name]
     target, draft = case()
