@@ -40,10 +40,9 @@ def build(spec, case: sst.LogitsCase) -> sst.LogitsInputs:
     return sst.build_logits(case, supported=spec.model.sampling_params, order=spec.model.filter_order)
 
 
-@pytest.mark.spec_property(examples=5, explicit=2, checks=1)
+@pytest.mark.spec_property(examples=5, explicit=2, checks=1, needs=(LOGITS,))
 def test_logits_rows_follow_the_processed_target(spec) -> None:
     """Every row and position is exact against its processed target, parameters mixed row by row."""
-    spec.require_capability(LOGITS)
 
     def body(case: sst.LogitsCase) -> None:
         inputs = build(spec, case)
@@ -87,11 +86,10 @@ def greedy_expectation(drafts: np.ndarray, argmax: np.ndarray) -> np.ndarray:
     return expected
 
 
-@pytest.mark.spec_property(examples=8, explicit=1, checks=0)
+@pytest.mark.spec_property(examples=8, explicit=1, checks=0, needs=(LOGITS,))
 def test_greedy_rows_equal_greedy_decoding(spec) -> None:
     """At temperature 0 the output is greedy decoding of the target, token for token, for any
     draft, with random rows in the same batch (exact)."""
-    spec.require_capability(LOGITS)
 
     def body(case: sst.LogitsCase) -> None:
         inputs = build(spec, case)
@@ -137,11 +135,10 @@ def test_greedy_rows_equal_greedy_decoding(spec) -> None:
     )
 
 
-@pytest.mark.spec_property(examples=4, explicit=1, checks=1)
+@pytest.mark.spec_property(examples=4, explicit=1, checks=1, needs=(PROPOSE,))
 def test_drafts_follow_the_reported_probs(spec) -> None:
     """Draft honesty: propose's tokens are distributed as the draft_probs it reports, which
     depend only on the inputs (every copy of a row reports the same q)."""
-    spec.require_capability(PROPOSE)
 
     def body(case: sst.LogitsCase) -> None:
         started = time.perf_counter()
@@ -188,11 +185,10 @@ def test_drafts_follow_the_reported_probs(spec) -> None:
     spec.given(CASES, body, explicit=[MIXED])
 
 
-@pytest.mark.spec_property(examples=4, explicit=2, checks=1)
+@pytest.mark.spec_property(examples=4, explicit=2, checks=1, needs=(PROPOSE,))
 def test_propose_then_verify_is_lossless(spec) -> None:
     """propose followed by verify_logits (or by verify with the reported q and the processed
     target) emits exactly the processed target at every row and position."""
-    spec.require_capability(PROPOSE)
 
     def body(case: sst.LogitsCase) -> None:
         inputs = build(spec, case)
@@ -224,11 +220,10 @@ def test_propose_then_verify_is_lossless(spec) -> None:
     spec.given(CASES, body, explicit=[MIXED, ONE_FILTER_EACH])
 
 
-@pytest.mark.spec_property(examples=10, explicit=1, checks=0)
+@pytest.mark.spec_property(examples=10, explicit=1, checks=0, needs=(LOGITS, PER_ROW_SEEDS))
 def test_seeded_rows_ignore_the_rest_of_the_batch(spec) -> None:
     """Per-row seeds: a seeded row's output is the same alone, moved, duplicated, or among other
     rows, whatever the call's generator (exact)."""
-    spec.require_capability(LOGITS, PER_ROW_SEEDS)
 
     def body(case: sst.LogitsCase) -> None:
         inputs = build(spec, case)

@@ -46,8 +46,9 @@ def _option(config: pytest.Config, name: str) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(examples, checks, explicit=0): a spectest property; 'checks' statistical "
-        "conclusions per Hypothesis example share the run's significance budget",
+        f"{MARKER}(examples, checks, explicit=0, needs=()): a spectest property; 'checks' statistical "
+        "conclusions per Hypothesis example share the run's significance budget; a model without the "
+        "capabilities it 'needs' skips it, and its checks are not counted",
     )
     config.addinivalue_line(
         "markers", "spec_speed: the speed property (seconds on CPU; deselect with -m 'not spec_speed')"
@@ -135,8 +136,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         if marker is None or callspec is None or "spec_model" not in callspec.params:
             continue
-        name = callspec.params["spec_model"].name
-        counts[name] = counts.get(name, 0) + planned_checks(marker.kwargs, session.budget)
+        model = callspec.params["spec_model"]
+        counts[model.name] = counts.get(model.name, 0) + planned_checks(
+            marker.kwargs, session.budget, model.capabilities
+        )
     session.checks_per_model = counts
 
 

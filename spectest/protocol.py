@@ -20,6 +20,10 @@ Optional capabilities, discovered from the model object (methods of the same nam
     propose(draft_logits, params, generator=gen) -> (draft_token_ids [B, K], draft_probs [B, K, V])
       drafted tokens must follow the reported draft_probs ("draft honesty").
 
+    verify_tree(parents, draft_token_ids, draft_probs, target_probs, generator=gen) -> (path, token)
+      a tree of drafts verified in one call (see spectest.tree_protocol; declares how its
+      siblings are drafted in ``spectest_tree_drafting``).
+
 and declared ones (attribute ``spectest_capabilities``): ``standard-rejection`` (p = q means
 certain acceptance) and ``per-row-seeds`` (a row with a seed gives the same output whatever
 else is in the batch). ``spectest_filter_order`` (default top_k, top_p, min_p) and
@@ -49,6 +53,8 @@ LOGITS = "logits"
 PROPOSE = "propose"
 PER_ROW_SEEDS = "per-row-seeds"
 STANDARD_REJECTION = "standard-rejection"
+TREE = "tree"  # verify_tree (spectest.tree_protocol)
+TREE_DRAFTING = ("iid", "without-replacement", "top-k")
 
 
 class Verifier(Protocol):
@@ -87,6 +93,8 @@ class Model:
     capabilities: frozenset[str] = field(default_factory=frozenset)
     verify_logits: Callable[..., Any] | None = None
     propose: Callable[..., Any] | None = None
+    verify_tree: Callable[..., Any] | None = None
+    tree_drafting: str | None = None  # how its trees' siblings are drafted (TREE_DRAFTING)
     filter_order: tuple[str, ...] = DEFAULT_ORDER
     sampling_params: tuple[str, ...] = PARAMETERS
     # Why it cannot run here (an adapter whose package or GPU is missing); its properties skip.
@@ -113,9 +121,14 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
 
     verify_logits = getattr(obj, "verify_logits", None)
     propose = getattr(obj, "propose", None)
+    verify_tree = getattr(obj, "verify_tree", None)
     capabilities = set(declared("spectest_capabilities") or ())
     capabilities |= {LOGITS} if callable(verify_logits) else set()
     capabilities |= {PROPOSE} if callable(propose) else set()
+    capabilities |= {TREE} if callable(verify_tree) else set()
+    drafting = declared("spectest_tree_drafting")
+    if callable(verify_tree) and drafting not in TREE_DRAFTING:
+        raise ValueError(f"{name}: a verify_tree model must declare spectest_tree_drafting, one of {TREE_DRAFTING}")
     order = validate_order(declared("spectest_filter_order") or DEFAULT_ORDER, what=f"{name}: spectest_filter_order")
     supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
     if not set(supported) <= set(PARAMETERS) or "temperature" not in supported:
@@ -129,6 +142,8 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         capabilities=frozenset(capabilities),
         verify_logits=verify_logits if callable(verify_logits) else None,
         propose=propose if callable(propose) else None,
+        verify_tree=verify_tree if callable(verify_tree) else None,
+        tree_drafting=drafting if callable(verify_tree) else None,
         filter_order=order,
         sampling_params=supported,
     )

@@ -20,7 +20,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from spectest.protocol import Model, build_model
+from spectest.protocol import TREE_DRAFTING, Model, build_model
+from spectest.tree_protocol import chain_view
 
 ENTRY_POINT_GROUP = "spectest.models"
 IN_PROCESS: dict[str, Model] = {}  # name -> a model built from an object, for this process only
@@ -113,7 +114,13 @@ def _load_module(spec: str, location: str) -> Any:
 
 
 def verify_callable(spec: str, obj: Any) -> Any:
-    """The verify callable inside ``obj``, checked against the protocol's signature."""
+    """The verify callable inside ``obj``, checked against the protocol's signature; for a tree
+    model without one, the chain view of its ``verify_tree`` (a chain is a width-one tree)."""
+    if not callable(getattr(obj, "verify", None)) and callable(getattr(obj, "verify_tree", None)):
+        drafting = getattr(obj, "spectest_tree_drafting", None)
+        if drafting not in TREE_DRAFTING:
+            raise ModelSpecError(f"--spec-model {spec!r}: a verify_tree model must declare spectest_tree_drafting")
+        return chain_view(obj.verify_tree, drafting, model=display_name(spec))
     verify = obj if inspect.isfunction(obj) or inspect.isbuiltin(obj) else getattr(obj, "verify", obj)
     if not callable(verify):
         raise ModelSpecError(

@@ -20,6 +20,8 @@ RETURNS_IN_TIME = "returns in time"
 PROPOSE_SHAPES = "propose returns (draft_token_ids int64 [B, K], draft_probs [B, K, V])"
 DRAFTED_IDS_IN_RANGE = "drafted ids lie in [0, V)"
 DRAFT_PROBS_ARE_DISTRIBUTIONS = "draft_probs are distributions"
+TREE_OUTPUT_SHAPES = "verify_tree returns (path int64 [B, D], token int64 [B])"
+PATH_FOLLOWS_THE_TREE = "the path is a chain from the root under parents, then -1 padding"
 
 # Exact rules of the properties
 NEVER_IMPOSSIBLE = "never emits a token the target gives probability zero"
@@ -35,6 +37,8 @@ DRAFT_PROBS_DETERMINISTIC = "draft_probs depend only on the inputs"
 SEEDED_ROWS = "a seeded row's output depends only on the row and its seed"
 PASS_COST = "a pass costs at most x1.1 the model's"
 PASS_COST_FLOOR = "no pass costs less than with a free verifier"
+FORCED_PATH = "a path the target forces is taken to its leaf"
+NEVER_ACCEPTS_IMPOSSIBLE_NODE = "a node whose token the target gives probability zero is never accepted"
 
 # Distribution checks (statistical)
 JOINT = "joint sequence distribution"
@@ -43,3 +47,4 @@ BONUS = "bonus-token distribution"
 TOKENS_PER_CALL = "tokens emitted per call"
 TOKENS_PER_PASS = "tokens per pass by start context"
 REPORTED_DRAFTS = "drafted tokens against the reported draft_probs"
+PER_NODE = "per-row, per-node distribution of the token after each reached node"

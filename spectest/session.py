@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import random
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +43,17 @@ def examples_for(marker_kwargs: Mapping[str, Any], budget: Budget) -> int:
     return explicit + max(1, round(int(marker_kwargs.get("examples", 10)) * budget.examples))
 
 
-def planned_checks(marker_kwargs: Mapping[str, Any], budget: Budget) -> int:
-    """Statistical conclusions a property will reach: its declared checks per example, times examples."""
+def missing_capabilities(marker_kwargs: Mapping[str, Any], capabilities: Iterable[str]) -> list[str]:
+    """What a property ``needs`` (its marker's ``needs=``) that a model does not have."""
+    have = set(capabilities)
+    return [c for c in marker_kwargs.get("needs", ()) if c not in have]
+
+
+def planned_checks(marker_kwargs: Mapping[str, Any], budget: Budget, capabilities: Iterable[str] | None = None) -> int:
+    """Statistical conclusions a property will reach: its declared checks per example, times
+    examples; none for a model (given by its ``capabilities``) that lacks what the property needs."""
+    if capabilities is not None and missing_capabilities(marker_kwargs, capabilities):
+        return 0
     return int(marker_kwargs.get("checks", 1)) * examples_for(marker_kwargs, budget)
 
 

@@ -1,7 +1,7 @@
 """The property-by-bug matrix: which known-buggy verifier each property catches, and by which rule.
 
-Built from the declarations the meta-tests enforce (``BUGS`` in tests/verifiers/buggy.py and
-buggy_logits.py, ``SLOW`` in slow.py), printed in the README, and checked against it by
+Built from the declarations the meta-tests enforce (``BUGS`` in tests/verifiers/buggy.py,
+buggy_logits.py, slow.py and buggy_trees.py), printed in the README, and checked against it by
 ``tests/test_meta.py``. Regenerate the README's copy with ``python -m tests.matrix``.
 """
 
@@ -29,6 +29,8 @@ PROPERTIES = [
     "test_propose_then_verify_is_lossless",
     "test_seeded_rows_ignore_the_rest_of_the_batch",
     "test_measured_speedup_follows_the_model",
+    "test_every_reached_tree_node_is_exact",
+    "test_tree_paths_obey_the_exact_rules",
 ]
 
 
@@ -42,7 +44,7 @@ def load(file: str) -> ModuleType:
 def declarations() -> dict[str, dict[str, tuple[str, ...]]]:
     """ "file:bug" -> {property: the rules any of which may catch it}, over every known-buggy verifier."""
     out = {}
-    for file in ("buggy.py", "buggy_logits.py", "slow.py"):
+    for file in ("buggy.py", "buggy_logits.py", "slow.py", "buggy_trees.py"):
         for bug, row in load(file).BUGS.items():
             out[f"{file}:{bug}"] = row
     return out

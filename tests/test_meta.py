@@ -36,6 +36,8 @@ NEEDS = {
     "test_propose_then_verify_is_lossless": {"propose"},
     "test_seeded_rows_ignore_the_rest_of_the_batch": {"logits", "per-row-seeds"},
     "test_markov_tokens_per_pass_follow_the_exact_model": {"standard-rejection"},
+    "test_every_reached_tree_node_is_exact": {"tree"},
+    "test_tree_paths_obey_the_exact_rules": {"tree"},
 }
 CAPABILITIES = {
     "reference": {"logits", "propose", "per-row-seeds", "standard-rejection"},
@@ -45,14 +47,19 @@ CAPABILITIES = {
     "one_hot_draft_logits": {"logits"},
     "min_p_first": {"logits", "propose", "per-row-seeds", "standard-rejection"},
     "propose_with_chain_verify": {"propose", "standard-rejection"},
+    "reference-tree-iid": {"tree", "standard-rejection"},
+    "reference-tree-without-replacement": {"tree", "standard-rejection"},
+    "reference-tree-topk": {"tree"},
 }
+# The registered tree references: on the tree properties, and on the chain ones through their chain view.
+TREES = ["reference-tree-iid", "reference-tree-without-replacement", "reference-tree-topk"]
 BUGS = matrix.declarations()  # "file:bug" -> {property: rules that may name it}
 ONLY = matrix.only_caught_by()
 
 
 def model_arg(name: str) -> str:
     """The --spec-model value of a verifier in tests/verifiers ("file.py:name" or a bare correct one)."""
-    if name == "reference":
+    if name == "reference" or name in TREES:
         return name
     file, _, attr = name.rpartition(":")
     return f"{VERIFIERS / (file or 'correct.py')}:{attr}"
@@ -137,14 +144,20 @@ def test_every_property_catches_a_known_bug_and_the_readme_prints_the_matrix():
     assert block == matrix.markdown(), "README's matrix is stale: run `python -m tests.matrix`"
 
 
-SAMPLING_PROPERTIES = [p for p in matrix.PROPERTIES if p in NEEDS and "markov" not in p]
-CHAIN_PROPERTIES = [p for p in matrix.PROPERTIES[:-1] if p not in SAMPLING_PROPERTIES]
+TREE_PROPERTIES = [p for p in matrix.PROPERTIES if "tree" in p]
+SAMPLING_PROPERTIES = [p for p in matrix.PROPERTIES if p in NEEDS and "markov" not in p and p not in TREE_PROPERTIES]
+NOT_SPEED_PROPERTIES = [p for p in matrix.PROPERTIES if p != SPEED]
+CHAIN_PROPERTIES = [p for p in NOT_SPEED_PROPERTIES if p not in SAMPLING_PROPERTIES + TREE_PROPERTIES]
 
 
-def correct_run(models: list[str], tmp_path: Path, *extra: str) -> None:
+def correct_run(models: list[str], tmp_path: Path, *extra: str, tree_chain_views: bool = True) -> None:
     """The correct chain verifiers on the chain properties and the logits-level controls on the
-    sampling ones (their chain verify is one of the chain verifiers); the reference on both."""
+    sampling ones (their chain verify is one of the chain verifiers); the reference on both; the
+    tree references on the tree properties and (``tree_chain_views``) the chain ones."""
     pairs = {name: CHAIN_PROPERTIES for name in models if name in CHAIN}
+    for name in models:
+        if name in TREES:
+            pairs[name] = TREE_PROPERTIES + (CHAIN_PROPERTIES if tree_chain_views else [])
     for name in models:
         if name in LOGITS:
             pairs[name] = pairs.get(name, []) + SAMPLING_PROPERTIES
@@ -157,7 +170,13 @@ def correct_run(models: list[str], tmp_path: Path, *extra: str) -> None:
 def test_correct_verifiers_pass_everything(tmp_path):
     """Every correct verifier but the reference (the README's main job) at the quick budget; the
     speed property has its own test; many seeds at the default budget in the slow tests."""
-    correct_run([m for m in dict.fromkeys(CHAIN + LOGITS) if m != "reference"], tmp_path, "--spec-budget", "quick")
+    correct_run(
+        [m for m in dict.fromkeys(CHAIN + LOGITS + TREES) if m != "reference"],
+        tmp_path,
+        "--spec-budget",
+        "quick",
+        tree_chain_views=False,
+    )
 
 
 def test_speed_property_passes_the_reference_and_fails_slow_verifiers(tmp_path):
@@ -190,7 +209,7 @@ def test_every_bug_on_every_property(tmp_path):
     for label, props in ONLY.items():
         if label.startswith("slow.py"):
             continue
-        others = {p: run.results[(label, p)].outcome for p in matrix.PROPERTIES[:-1] if p not in props}
+        others = {p: run.results[(label, p)].outcome for p in NOT_SPEED_PROPERTIES if p not in props}
         assert set(others.values()) <= {"passed", "skipped"}, f"{label} should be caught only by {props}: {others}"
 
 
@@ -202,10 +221,10 @@ def test_slow_verifiers_pass_every_exactness_property(tmp_path):
     assert run.returncode == 0 and {o.outcome for o in run.results.values()} <= {"passed", "skipped"}, run.output[
         -3000:
     ]
-    assert len(run.results) == (len(matrix.PROPERTIES) - 1) * len(slow)
+    assert len(run.results) == len(NOT_SPEED_PROPERTIES) * len(slow)
 
 
-SEEDS = 8
+SEEDS = 6
 
 
 @pytest.mark.slow
@@ -214,3 +233,11 @@ def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
     sampler never fails (as_object is the reference behind a method: the fast test covers it)."""
     correct_run([m for m in dict.fromkeys(CHAIN + LOGITS) if m != "as_object"], tmp_path, "--spec-seed", str(seed))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_tree_references_pass_every_tree_and_chain_property(tmp_path, seed):
+    """The tree references at the default budget: the tree properties, and the chain ones through
+    the chain view (a chain is a width-one tree)."""
+    correct_run(TREES, tmp_path, "--spec-seed", str(seed))

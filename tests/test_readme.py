@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
 
-from spectest.options import BUDGETS, DEFAULT_ALPHA
+from spectest.options import BUDGETS, DEFAULT_ALPHA, OPTIONS
+from spectest.resolve import resolve_model
 from spectest.session import MARKER, planned_checks
 
 REPO = Path(__file__).resolve().parent.parent
+REFERENCE_CAPABILITIES = resolve_model("reference").capabilities  # the README's main job
 README = (REPO / "README.md").read_text()
 MODULES = [
     "test_exactness",
@@ -19,6 +22,7 @@ MODULES = [
     "test_acceptance",
     "test_sampling_params",
     "test_speed",
+    "test_trees",
 ]
 
 
@@ -35,13 +39,27 @@ def checks_per_model(budget: str) -> int:
     total = 0
     for function in properties():
         marker = next(m for m in function.pytestmark if m.name == MARKER)
-        total += planned_checks(marker.kwargs, BUDGETS[budget])
+        total += planned_checks(marker.kwargs, BUDGETS[budget], REFERENCE_CAPABILITIES)
     return total
 
 
 def budget_row(name: str) -> str:
     budget, checks = BUDGETS[name], checks_per_model(name)
     return f"| `{name}` | x{budget.examples:g} | TV {budget.tolerance:g} | {checks} | {DEFAULT_ALPHA / checks:.3g} |"
+
+
+@pytest.mark.parametrize("flag", [flag for flag, _, _, _ in OPTIONS])
+def test_readme_options_table_lists_every_option_with_its_default(flag):
+    ini, help_text = next((ini, help_text) for f, ini, help_text, _ in OPTIONS if f == flag)
+    rows = [line for line in README.splitlines() if line.startswith(f"| `{flag} ")]
+    assert rows, f"the README's options table has no row for {flag}"
+    assert f"| `{ini}`" in rows[0], f"the README's row for {flag} should name the ini key {ini}: {rows[0]}"
+    number = r"default `?([0-9][0-9.e+-]*)"
+    if said := re.search(number, help_text):
+        written = re.search(number, rows[0])
+        assert written and float(written.group(1)) == float(said.group(1)), (
+            f"--help gives {flag} the default {said.group(1)}; the README's row says: {rows[0]}"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

@@ -27,8 +27,9 @@ from spectest.engine.stats import FitResult
 from spectest.protocol import ContractViolation, Model, call_propose, call_verify, call_verify_logits
 from spectest.sampling import make_generator
 from spectest.sampling_params import SamplingParams
-from spectest.session import RECORD_KEY, SpecSession, examples_for
+from spectest.session import RECORD_KEY, SpecSession, examples_for, missing_capabilities
 from spectest.speed.clock import OWN_CLOCK, Ledger, cpu_time
+from spectest.tree_protocol import call_verify_tree
 
 
 def share_cores_with_other_workers() -> None:
@@ -67,6 +68,8 @@ class PropertyRun:
         self.session = session
         self.model = model
         self.node = node
+        if missing := missing_capabilities(marker, model.capabilities):
+            pytest.skip(f"{model.name} does not have capability {', '.join(missing)} (see the README's protocol)")
         self.device = torch.device(session.device)
         self.explicit = int(marker.get("explicit", 0))
         self.examples = examples_for(marker, session.budget)
@@ -181,17 +184,24 @@ class PropertyRun:
                 timeout=self.session.timeout,
             )
 
+    def verify_tree(
+        self,
+        parents: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.ledger.measure("calls"):
+            return call_verify_tree(
+                self.model, parents, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
+            )
+
     def propose(
         self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.ledger.measure("calls"):
             return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)
-
-    def require_capability(self, *capabilities: str) -> None:
-        """Skip (with the reason) a property the model has not declared it supports."""
-        missing = [c for c in capabilities if c not in self.model.capabilities]
-        if missing:
-            pytest.skip(f"{self.model.name} does not have capability {', '.join(missing)} (see the README's protocol)")
 
     def require(self, ok: bool, rule: str, detail: str) -> None:
         """An exact check: fail naming the model and the rule."""
