@@ -42,7 +42,12 @@ def bernstein_p_value(successes: float, means: np.ndarray) -> float:
     return float(min(1.0, math.exp(-(excess**2) / (2 * (variance + excess / 3)))))
 
 
-@pytest.mark.spec_property(examples=6, checks=1)
+# Every run sees drafts that miss the target by a wide margin: a verifier that accepts less than
+# the standard rule (or more) moves tokens per call by several per cent there, whatever else is drawn.
+FAR_DRAFTS = sst.ChainCase(batch=80, k=4, vocab=16, kinds=(("dirichlet", "far"), ("peaky", "close")), seed=7)
+
+
+@pytest.mark.spec_property(examples=6, explicit=1, checks=1)
 def test_tokens_per_call_follow_the_chain_model(spec) -> None:
     def body(case: sst.ChainCase) -> None:
         started = time.perf_counter()
@@ -111,10 +116,7 @@ def test_tokens_per_call_follow_the_chain_model(spec) -> None:
                 f"(Bernstein p <= {p_value:.3g} < {spec.alpha / k:.2g}); {context}",
             )
 
-    spec.given(
-        CALLS.chain_cases(),
-        body,
-    )
+    spec.given(CALLS.chain_cases(), body, explicit=[FAR_DRAFTS])
 
 
 @pytest.mark.spec_property(examples=6, explicit=1, checks=1)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,3 +61,25 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
         if (test["model"], test["property"]) in results:
             results[(test["model"], test["property"])].failure = test.get("failure")
     return Run(proc.returncode, proc.stdout + proc.stderr, results, document)
+
+
+def once_per_run(tmp_path_factory, name: str, compute: Callable[[Path], T]) -> T:
+    """``compute(workdir)`` once for the whole test run, however many xdist workers ask for it.
+
+    Every worker is a pytest session of its own, so a session fixture would run once per worker
+    (and ``--dist loadgroup`` did not keep a module's tests on one worker here). The first worker
+    to ask computes the run under a file lock in the run's shared temporary directory; the
+    others wait for it and read it back (the xdist docs' recipe for session fixtures)."""
+    from filelock import FileLock  # torch's own dependency
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's, not older runs'
+    cache = shared / f"{name}.pickle"
+    with FileLock(str(shared / f"{name}.lock")):
+        if cache.exists():
+            return pickle.loads(cache.read_bytes())
+        workdir = shared / name
+        workdir.mkdir(exist_ok=True)
+        run = compute(workdir)
+        cache.write_bytes(pickle.dumps(run))
+        return run

@@ -10,6 +10,7 @@ import torch
 
 from spectest.engine.checks import DistributionCheck
 from spectest.resolve import resolve_model
+from spectest.suite.run import check_allowance
 from tests.runner_helpers import run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,3 +109,20 @@ def test_gpu_check_says_why_it_cannot_run_without_a_gpu(tmp_path):
         timeout=120,
     )
     assert done.returncode == 2 and "no Python with a CUDA build of torch" in (tmp_path / "status").read_text()
+
+
+def test_an_expensive_check_of_a_fast_implementation_borrows_but_later_checks_keep_half_a_share():
+    """How a property's budget is shared by its checks (spectest.suite.run.check_allowance)."""
+    budget, planned = 60.0, 6
+    share = budget / planned
+    # A fast implementation whose first case is expensive: it may take twice its share.
+    assert check_allowance(budget, 0.0, planned, 1) == pytest.approx(2 * share)
+    # A slow implementation that uses every allowance: no check gets less than half a share,
+    # and the property never spends more than its budget.
+    spent, allowances = 0.0, []
+    for started in range(1, planned + 1):
+        allowances.append(check_allowance(budget, spent, planned, started))
+        spent += allowances[-1]
+    assert min(allowances) >= share / 2 - 1e-9 and spent <= budget + 1e-9, allowances
+    # Cheap earlier checks leave their time to the later ones.
+    assert check_allowance(budget, 1.0, planned, 6) == pytest.approx(budget - 1.0)

@@ -15,10 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import matrix
-from tests.runner_helpers import Run, run_pytest
-
-# Its session-scoped fixture runs once: every test that uses it goes to the same xdist worker.
-pytestmark = pytest.mark.xdist_group("test_meta")
+from tests.runner_helpers import Run, once_per_run, run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFIERS = REPO / "tests" / "verifiers"
@@ -124,7 +121,7 @@ def run_bugs(labels: list[str], props_of, tmp_path: Path, extra: list[str] = ())
 def declared_run(tmp_path_factory) -> Run:
     """Every chain and logits bug, on the properties declared to catch it, in one real run."""
     labels = [label for label in BUGS if not label.startswith("slow.py")]
-    return run_bugs(labels, lambda label: list(BUGS[label]), tmp_path_factory.mktemp("declared"))
+    return once_per_run(tmp_path_factory, "declared_run", lambda work: run_bugs(labels, lambda b: list(BUGS[b]), work))
 
 
 @pytest.mark.parametrize("label", [label for label in BUGS if not label.startswith("slow.py")])
@@ -236,8 +233,13 @@ def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_tree_references_pass_every_tree_and_chain_property(tmp_path, seed):
-    """The tree references at the default budget: the tree properties, and the chain ones through
-    the chain view (a chain is a width-one tree)."""
-    correct_run(TREES, tmp_path, "--spec-seed", str(seed))
+def test_tree_references_pass_every_tree_and_chain_property(tmp_path):
+    """The tree references on the tree properties at the default budget, and on the chain ones
+    through the chain view (a chain is a width-one tree) at the quick budget: the chain view
+    costs about 5x the chain reference, and the default budget's seeds would double the slow tier."""
+    correct_run(TREES, tmp_path, "--spec-seed", "1", tree_chain_views=False)
+    pairs = {name: CHAIN_PROPERTIES for name in TREES}
+    args = [a for name in TREES for a in ("--spec-model", name)]
+    run = run_pytest([*args, "-n", "2", "--spec-budget", "quick", "-k", selection(pairs)], tmp_path, timeout=1800)
+    assert_all_as_expected(run, TREES)
+    assert len(run.results) == len(TREES) * len(CHAIN_PROPERTIES), run.output[-3000:]

@@ -18,9 +18,6 @@ from spectest.resolve import resolve_model
 from spectest.sampling import make_generator
 from spectest.speed.decoding import CostedMarkovLM, plain_decode, speculative_decode
 
-# Its session-scoped fixture runs once: every test that uses it goes to the same xdist worker.
-pytestmark = pytest.mark.xdist_group("test_profile")
-
 ALPHA = 1e-4
 
 

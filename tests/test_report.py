@@ -13,10 +13,7 @@ import jsonschema
 import pytest
 
 from spectest.reporting import plots, report, results
-from tests.runner_helpers import run_pytest
-
-# Its session-scoped fixture runs once: every test that uses it goes to the same xdist worker.
-pytestmark = pytest.mark.xdist_group("test_report")
+from tests.runner_helpers import once_per_run, run_pytest
 
 VERIFIERS = Path(__file__).resolve().parent / "verifiers"
 QUICK = ["--spec-budget", "quick", "--spec-no-shrink", "-m", "not spec_speed"]
@@ -38,10 +35,13 @@ class Collect(HTMLParser):
 @pytest.fixture(scope="session")
 def failing_run(tmp_path_factory) -> Path:
     """A real run with one correct and one buggy model, reported into a directory."""
-    work = tmp_path_factory.mktemp("report")
     args = ["--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'buggy.py'}:accept_all", *QUICK]
-    run_pytest([*args, "-k", "rejection or every_row", "--spec-report", str(work / "out")], work)
-    return work / "out"
+
+    def report(work: Path) -> Path:
+        run_pytest([*args, "-k", "rejection or every_row", "--spec-report", str(work / "out")], work)
+        return work / "out"
+
+    return once_per_run(tmp_path_factory, "failing_run", report)
 
 
 def test_results_file_follows_its_schema(failing_run):

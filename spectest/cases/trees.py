@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from spectest.cases.sizes import kind_pairs, seeds
 from spectest.cases.toy_models import distribution_pairs
 from spectest.protocol import PAD
-from spectest.sampling import inverse_cdf_blocked
+from spectest.sampling import RepeatedCategorical
 
 STYLES = ("random", "chain", "star", "unbalanced")
 # Drafts without replacement need as many tokens of positive q as a node has children: their q
@@ -104,6 +104,13 @@ class TreeModel:
     draft: torch.Tensor  # [B, D + 1, V, V]
     drafting: str
 
+    def table(self, side: str, dtype: torch.dtype) -> torch.Tensor:
+        """The target or draft table in ``dtype``, converted once (inputs are gathered from it)."""
+        cache = self.__dict__.setdefault("_tables", {})
+        if (side, dtype) not in cache:
+            cache[side, dtype] = getattr(self, side).to(dtype)
+        return cache[side, dtype]
+
     @property
     def deepest(self) -> int:
         return int(self.depth.max())
@@ -173,13 +180,13 @@ def draft_trees(model: TreeModel, reps: int, generator: torch.Generator, dtype: 
             if model.drafting == "without-replacement" and i > 1:
                 taken = torch.zeros_like(q).scatter_add_(1, tokens[:, 1:i], siblings.to(q.dtype))
                 q = q.masked_fill(taken > 0, 0.0)
-            u = torch.rand(count, generator=generator, device=rows.device, dtype=torch.float64)
-            drafted = inverse_cdf_blocked(q, u)
+            u = torch.rand((count, 1), generator=generator, device=rows.device, dtype=torch.float64)
+            drafted = RepeatedCategorical(q).at(u)[0]
         tokens[:, i] = torch.where(parents[:, i] >= 0, drafted, 0)
     node_depth = depth.clamp_min(0)
     return DraftedTrees(
         parents=parents,
         tokens=tokens,
-        draft_probs=model.draft[rows.unsqueeze(1), node_depth, tokens].to(dtype),
-        target_probs=model.target[rows.unsqueeze(1), node_depth, tokens].to(dtype),
+        draft_probs=model.table("draft", dtype)[rows.unsqueeze(1), node_depth, tokens],
+        target_probs=model.table("target", dtype)[rows.unsqueeze(1), node_depth, tokens],
     )

@@ -46,6 +46,25 @@ def share_cores_with_other_workers() -> None:
         share_cores_with_other_workers.done = True  # type: ignore[attr-defined]
 
 
+# A check may take up to BORROW_LIMIT times its equal share of the property's remaining time,
+# leaving each later check at least BORROW_RESERVE of an initial share.
+BORROW_LIMIT = 2.0
+BORROW_RESERVE = 0.5
+
+
+def check_allowance(budget: float, spent: float, planned: int, started: int) -> float:
+    """Own time the ``started``-th of a property's ``planned`` checks may take, ``spent`` of its
+    ``budget`` being gone: its equal share of what is left, or up to BORROW_LIMIT times that when
+    the checks still to come keep BORROW_RESERVE of an initial share each. One expensive case of a
+    fast implementation then runs at its planned size, and a slow implementation still gives
+    every check at least half its share (each check also takes its minimum draws)."""
+    remaining_checks = max(1, planned - started + 1)
+    remaining = budget - spent
+    equal = remaining / remaining_checks
+    reserve = (remaining_checks - 1) * BORROW_RESERVE * budget / max(1, planned)
+    return max(1e-9, equal, min(BORROW_LIMIT * equal, remaining - reserve))
+
+
 class StatisticalFailure(AssertionError):
     """A distribution check rejected exactness at the run's per-check significance level."""
 
@@ -105,15 +124,13 @@ class PropertyRun:
         )
 
     def _check_budget(self) -> float | None:
-        """Own time the implementation may spend in the next distribution check: what is left of
-        the property's budget, shared equally by the checks still to come (each still takes its
-        minimum draws). Only the implementation's own time counts, so a busy machine, or slow
-        input generation, never cuts a check short."""
+        """Own time the implementation may spend in the next distribution check (see
+        :func:`check_allowance`). Only the implementation's own time counts, so a busy machine,
+        or slow input generation, never cuts a check short."""
         self.checks_started += 1
         if self.budget is None:
             return None
-        remaining_checks = max(1, self.planned_checks - self.checks_started + 1)
-        return max(1e-9, (self.budget - self.ledger.total("calls")) / remaining_checks)
+        return check_allowance(self.budget, self.ledger.total("calls"), self.planned_checks, self.checks_started)
 
     def finish(self) -> None:
         """Record how the property's time split between inputs, the implementation and the statistics."""
