@@ -11,16 +11,28 @@ import time
 import numpy as np
 import pytest
 import torch
+from spectest.simulators.tree import expected_tree_pass
 
 from spectest import rules
 from spectest.cases.toy_models import target_distributions
-from spectest.cases.trees import TreeCase, TreeModel, build_tree_model, draft_trees, tree_cases, tree_shape
+from spectest.cases.trees import (
+    TreeCase,
+    TreeMarkovCase,
+    TreeModel,
+    build_tree_model,
+    draft_trees,
+    tree_cases,
+    tree_markov_cases,
+    tree_shape,
+)
 from spectest.implementations.tree import children_table, verify_tree
 from spectest.protocol import PAD, TREE
 from spectest.sampling import make_generator
+from spectest.suite.loop import generate_tree, sequence_index
 from spectest.tree_protocol import depths
 
 MAX_CALL_ELEMENTS = 4_000_000
+MAX_SEQUENCES = 400_000  # per joint case; the plan asks for fewer
 MAX_CASE_ELEMENTS = 200_000_000
 PILOT_COPIES = 256  # copies of the batch the harness verifies itself to plan each node's reach
 
@@ -228,3 +240,131 @@ def test_tree_paths_obey_the_exact_rules(spec) -> None:
                 )
 
     spec.given(tree_cases(nodes=(2, 48), vocab=(2, 64)), body)
+
+
+# Far drafts on wide trees over three tokens: every pass rejects siblings and draws corrections,
+# where a reused uniform or a wrong residual bends the joint.
+FAR_WIDE = TreeMarkovCase(
+    vocab=3,
+    length=6,
+    target_kind="dirichlet",
+    draft_kind="far",
+    shapes=3,
+    nodes=10,
+    max_width=3,
+    max_depth=3,
+    style="random",
+    seed=21,
+)
+
+
+@pytest.mark.spec_property(examples=4, explicit=1, checks=1, needs=(TREE,))
+def test_tree_sequences_follow_the_target(spec) -> None:
+    """Whole sequences through repeated tree passes on a context-dependent Markov pair (rows take
+    several tree shapes in turn), against the exact L-token joint of the target."""
+
+    def body(case: TreeMarkovCase) -> None:
+        started = time.perf_counter()
+        drafting = spec.model.tree_drafting
+        target, draft = case.pair(drafting)
+        shape = [case.vocab] * case.length
+        probs = target.sequence_probs(case.length)
+        check = spec.distribution(
+            rules.TREE_JOINT,
+            probs[None, :],
+            case_seed=case.seed,
+            min_draws=1000,
+            max_draws=MAX_SEQUENCES,
+            cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",
+        )
+        parents = torch.from_numpy(case.parents()).to(spec.device)
+        draft_gen, verify_gen = spec.generators(case.seed)
+        passes = 0
+        context = f"{case}, drafting {drafting}"
+        while not check.done:
+            batch = check.next_batch(max(1, MAX_CALL_ELEMENTS // (case.nodes * (2 * case.vocab + 2))))
+            run = generate_tree(
+                spec.verify_tree,
+                target,
+                draft,
+                parents,
+                drafting,
+                n_sequences=batch,
+                length=case.length,
+                draft_generator=draft_gen,
+                verify_generator=verify_gen,
+                dtype=getattr(torch, case.dtype),
+            )
+            passes += run.passes
+            counts = torch.bincount(sequence_index(run.tokens, case.vocab), minlength=probs.size)
+            check.add(counts.cpu().numpy()[None, :], batch)
+            spec.require_possible(check, lambda g, c: check.cell_name(c), context)
+        spec.conclude(
+            check,
+            context=f"{check.draws} sequences of {case.length} tokens through {passes} tree passes, {context}",
+            started=started,
+        )
+
+    spec.given(tree_markov_cases(), body, explicit=[FAR_WIDE])
+
+
+def exact_depths(model: TreeModel) -> np.ndarray:
+    """[B, D + 1]: each row's exact accepted-depth distribution, averaged over the drafting."""
+    levels = model.deepest + 1
+    rows = []
+    for row in range(model.parents.shape[0]):
+        dist, _ = expected_tree_pass(
+            model.parents[row].numpy(), model.target[row].numpy(), model.draft[row].numpy(), model.drafting
+        )
+        probs = dist.probs[int(model.context[row])]
+        rows.append(np.pad(probs, (0, levels - probs.size)))
+    return np.stack(rows)
+
+
+@pytest.mark.spec_property(examples=4, explicit=1, checks=1, needs=(TREE,))
+def test_tree_tokens_per_pass_follow_the_exact_model(spec) -> None:
+    """For a verifier declaring the standard rule of its drafting scheme, each row's accepted
+    depth per call follows the exact distribution the simulator computes for that row's tree, p
+    and q (averaged over the drafting): an exact verifier that accepts less, or more, fails."""
+    if not spec.tree_standard:
+        pytest.skip(
+            f"{spec.model.name} does not declare standard-rejection: the exact tree model holds only for the "
+            "standard multi-step rejection rule of its drafting scheme"
+        )
+
+    def body(case: TreeCase) -> None:
+        started = time.perf_counter()
+        drafting = spec.model.tree_drafting
+        cpu = build_tree_model(case, drafting, torch.device("cpu"))
+        model = build_tree_model(case, drafting, spec.device)
+        exact = exact_depths(cpu)
+        b, levels = case.batch, model.deepest + 1
+        per_rep = b * case.nodes * (2 * case.vocab + 2)
+        check = spec.distribution(
+            rules.TREE_TOKENS_PER_PASS,
+            exact,
+            case_seed=case.seed,
+            min_draws=50,
+            max_draws=max(50, MAX_CASE_ELEMENTS // per_rep),
+            labels=[f"row {r}: " for r in range(b)],
+            cell_name=lambda i: f"L={i + 1}",
+        )
+        draft_gen, verify_gen = spec.generators(case.seed)
+        rows = torch.arange(b, device=spec.device)
+        while not check.done:
+            reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // per_rep))
+            trees = draft_trees(model, reps, draft_gen, getattr(torch, case.dtype))
+            path, _ = spec.verify_tree(trees.parents, trees.tokens, trees.draft_probs, trees.target_probs, verify_gen)
+            cells = rows.repeat(reps) * levels + (path != PAD).sum(dim=1)
+            check.add(torch.bincount(cells, minlength=b * levels).view(b, levels).cpu().numpy(), reps)
+        measured = float((check.counts * np.arange(1, levels + 1)).sum() / check.counts.sum())
+        optimal = float((exact * np.arange(1, levels + 1)).sum(axis=1).mean())
+        spec.record({"efficiency": measured / optimal, "tokens_per_pass": measured, "exact_tokens_per_pass": optimal})
+        context = (
+            f"{check.draws} calls per row, {case}, drafting {drafting}; tokens per pass {measured:.4f}, "
+            f"exact {optimal:.4f}"
+        )
+        spec.conclude(check, context=context, started=started)
+
+    # Rejection-sampling trees enumerate rejected tokens per node: vocabularies up to 8 keep that cheap.
+    spec.given(tree_cases(vocab=(2, 8)), body, explicit=SIBLING_HEAVY[:1])

@@ -31,6 +31,8 @@ PROPERTIES = [
     "test_measured_speedup_follows_the_model",
     "test_every_reached_tree_node_is_exact",
     "test_tree_paths_obey_the_exact_rules",
+    "test_tree_sequences_follow_the_target",
+    "test_tree_tokens_per_pass_follow_the_exact_model",
 ]
 
 

@@ -14,7 +14,7 @@ from spectest.suite.run import check_allowance
 from tests.runner_helpers import run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
-GPU_ADAPTERS = ["vllm", "flashinfer"]
+GPU_ADAPTERS = ["vllm", "flashinfer", "sglang-tree"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
@@ -26,7 +26,8 @@ def test_gpu_adapters_resolve_and_say_why_they_cannot_run(name):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_unavailable_adapters_skip_every_property_with_the_reason(tmp_path):
-    run = run_pytest(["--spec-model", "vllm", "--spec-model", "flashinfer", "-m", "not spec_speed"], tmp_path)
+    args = ["--spec-model", "vllm", "--spec-model", "flashinfer", "--spec-model", "sglang-tree", "-m", "not spec_speed"]
+    run = run_pytest(args, tmp_path)
     assert run.returncode == 0 and run.results, run.output[-2000:]
     assert {o.outcome for o in run.results.values()} == {"skipped"}
     assert all("cannot run here" in o.text for o in run.results.values())
@@ -126,3 +127,86 @@ def test_an_expensive_check_of_a_fast_implementation_borrows_but_later_checks_ke
     assert min(allowances) >= share / 2 - 1e-9 and spent <= budget + 1e-9, allowances
     # Cheap earlier checks leave their time to the later ones.
     assert check_allowance(budget, 1.0, planned, 6) == pytest.approx(budget - 1.0)
+
+
+# SGLang's published example for tree_speculative_sampling_target_only (sgl-kernel's tests): row 0's tree.
+SGLANG_PARENTS = [-1, 0, 1, 0, 3, 4]
+
+
+def test_sglang_tree_tensors_match_its_published_example():
+    from spectest.implementations.sglang_tree import sglang_tree_tensors
+
+    index, next_token, next_sibling = sglang_tree_tensors(torch.tensor([SGLANG_PARENTS, SGLANG_PARENTS]))
+    assert index.tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    assert next_token[0].tolist() == [1, 2, -1, 4, 5, -1]
+    assert next_sibling[0].tolist() == [-1, 3, -1, -1, -1, -1]
+
+
+def test_sglang_outputs_become_path_and_token():
+    """The published example's outputs: row 0 accepts nodes 3, 4, 5 and draws 18 at the leaf; row 1
+    (flat rows 6..11) accepts its nodes 4 and 5, then 18."""
+    from spectest.implementations.sglang_tree import path_from_sglang
+
+    path, token = path_from_sglang(
+        torch.tensor([[0, 3, 4, 5], [6, 10, 11, -1]], dtype=torch.int32),
+        torch.tensor([3, 2], dtype=torch.int32),
+        torch.tensor([3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], dtype=torch.int32),
+        nodes=6,
+        deepest=3,
+    )
+    assert path.tolist() == [[3, 4, 5], [4, 5, -1]] and token.tolist() == [18, 18]
+    assert path.dtype == token.dtype == torch.int64
+
+
+def test_sglang_adapter_round_trip_with_a_stand_in_kernel(monkeypatch):
+    """A pure-torch stand-in that keeps the kernel's contract (it reads only SGLang's tree tensors,
+    writes only its outputs): on a forced path the adapter returns exactly that path and bonus."""
+    from spectest.implementations import sglang_tree
+    from spectest.implementations.tree import verify_tree
+    from spectest.protocol import build_model
+    from spectest.tree_protocol import call_verify_tree
+
+    def stand_in(
+        *,
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        uniform_samples,
+        target_probs,
+        draft_probs,
+        threshold_single,
+        threshold_acc,
+        deterministic,
+    ):
+        b, n = candidates.shape
+        parents = torch.full((b, n), -1, dtype=torch.int64)
+        for row in range(b):
+            for node in range(n):
+                child = int(retrive_next_token[row, node])
+                while child >= 0:
+                    parents[row, child] = node
+                    child = int(retrive_next_sibling[row, child])
+        path, token = verify_tree(
+            parents, candidates.long(), draft_probs, target_probs, generator=torch.Generator(), drafting="top-k"
+        )
+        flat = torch.where(path >= 0, path + torch.arange(b).unsqueeze(1) * n, -1)
+        accept_index.copy_(torch.cat([torch.arange(b).unsqueeze(1) * n, flat], dim=1))
+        accept_token_num.copy_((path >= 0).sum(dim=1))
+        last = accept_index.long().gather(1, accept_token_num.long().unsqueeze(1)).squeeze(1)
+        predicts[last] = token.int()
+
+    monkeypatch.setattr(sglang_tree.SglangTreeSampler, "_kernel", staticmethod(lambda: stand_in))
+    parents = torch.tensor([SGLANG_PARENTS, [-1, 0, 0, 1, -1, -1]])
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 0]])
+    target = torch.full((2, 6, 8), 0.0)
+    for row, chain in enumerate([[(0, 3), (3, 4), (4, 5), (5, None)], [(0, 1), (1, 3), (3, None)]]):
+        for node, child in chain:
+            target[row, node, tokens[row, child] if child is not None else 7] = 1.0
+    target[target.sum(dim=2) == 0] = 1 / 8
+    model = build_model("sglang-tree", "test", sglang_tree.SGLANG_TREE, None)
+    path, token = call_verify_tree(model, parents, tokens, torch.full_like(target, 1 / 8), target, torch.Generator())
+    assert path.tolist() == [[3, 4, 5], [1, 3, -1]] and token.tolist() == [7, 7]

@@ -12,14 +12,15 @@ for every copy of the batch, from the harness's own generator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from spectest.cases.chain import markov_cases
 from spectest.cases.sizes import kind_pairs, seeds
-from spectest.cases.toy_models import distribution_pairs
+from spectest.cases.toy_models import MarkovChain, distribution_pairs, markov_pair
 from spectest.protocol import PAD
 from spectest.sampling import RepeatedCategorical
 
@@ -103,13 +104,13 @@ class TreeModel:
     target: torch.Tensor  # [B, D + 1, V, V]: p after a node at depth d whose token is t
     draft: torch.Tensor  # [B, D + 1, V, V]
     drafting: str
+    converted: dict[tuple[str, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
     def table(self, side: str, dtype: torch.dtype) -> torch.Tensor:
         """The target or draft table in ``dtype``, converted once (inputs are gathered from it)."""
-        cache = self.__dict__.setdefault("_tables", {})
-        if (side, dtype) not in cache:
-            cache[side, dtype] = getattr(self, side).to(dtype)
-        return cache[side, dtype]
+        if (side, dtype) not in self.converted:
+            self.converted[side, dtype] = getattr(self, side).to(dtype)
+        return self.converted[side, dtype]
 
     @property
     def deepest(self) -> int:
@@ -189,4 +190,54 @@ def draft_trees(model: TreeModel, reps: int, generator: torch.Generator, dtype: 
         tokens=tokens,
         draft_probs=model.table("draft", dtype)[rows.unsqueeze(1), node_depth, tokens],
         target_probs=model.table("target", dtype)[rows.unsqueeze(1), node_depth, tokens],
+    )
+
+
+@dataclass(frozen=True)
+class TreeMarkovCase:
+    """A context-dependent Markov pair (p and q depend on the last token only), the sequence
+    length whose V**L joint is tested, and ``shapes`` tree shapes the rows take in turn."""
+
+    vocab: int
+    length: int
+    target_kind: str
+    draft_kind: str
+    shapes: int
+    nodes: int
+    max_width: int
+    max_depth: int
+    style: str
+    seed: int
+    dtype: str = "float32"
+
+    def pair(self, drafting: str) -> tuple[MarkovChain, MarkovChain]:
+        target, draft = markov_pair(np.random.default_rng(self.seed), self.vocab, self.target_kind, self.draft_kind)
+        if drafting == "without-replacement":  # every context needs as many drafts as a node has children
+            draft = MarkovChain((1 - WITHOUT_REPLACEMENT_FLOOR) * draft.table + WITHOUT_REPLACEMENT_FLOOR / self.vocab)
+        return target, draft
+
+    def parents(self) -> np.ndarray:
+        """[shapes, nodes]: the trees that rows take in turn."""
+        rng = np.random.default_rng(self.seed ^ 0x7EE)
+        return np.stack(
+            [tree_shape(rng, self.nodes, self.max_width, self.max_depth, self.style) for _ in range(self.shapes)]
+        )
+
+
+@st.composite
+def tree_markov_cases(draw: st.DrawFn, *, max_vocab: int = 5, max_cells: int = 4096) -> TreeMarkovCase:
+    """A Markov pair whose V**L joint fits ``max_cells``, with trees of every style."""
+    pair = draw(markov_cases(max_vocab=max_vocab, max_cells=max_cells))
+    return TreeMarkovCase(
+        vocab=pair.vocab,
+        length=pair.length,
+        target_kind=pair.target_kind,
+        draft_kind=pair.draft_kind,
+        shapes=draw(st.integers(1, 4)),
+        nodes=draw(st.integers(2, 24)),
+        max_width=draw(st.integers(1, min(4, pair.vocab))),
+        max_depth=draw(st.integers(1, 8)),
+        style=draw(st.sampled_from(STYLES)),
+        seed=pair.seed,
+        dtype=pair.dtype,
     )

@@ -8,6 +8,12 @@ significance level), the draft length is ``--k`` (``--gamma`` still works). JSON
   ops_ratio}, ``tokens_per_pass`` {mean, variance, distribution: {"1": P(L=1), ...}}, ``speedup``,
   ``operations_factor``, ``break_even_acceptance`` (null: never breaks even), ``optimal_k``
   {k, speedup} (k 0: no K beats plain decoding).
+* ``spectest.simulate-tree/1`` (``--tree``): ``inputs`` {rank_acceptance, budget, max_depth,
+  cost_ratio, verify_overhead, pass_overhead}, ``tree`` {parents, nodes, depth, tokens_per_pass,
+  speedup} (the fastest tree within the budget), ``chain`` {k, tokens_per_pass, speedup} (the
+  fastest chain within it), ``tree_over_chain``, ``optimal_for_budget`` {parents, tokens_per_pass}
+  (the most tokens per pass with the whole budget), ``shape`` (only with ``--shape``) {parents,
+  tokens_per_pass, distribution, speedup}.
 * ``spectest.breakeven/2``: ``verify_overhead``, ``pass_overhead``, ``cost_ratios`` [c...],
   ``rows`` [{k, break_even: [a* or null per cost ratio]}].
 """
@@ -21,6 +27,7 @@ from typing import Any
 from spectest.options import argument, non_negative, positive_int, unit_interval
 
 SIMULATE_SCHEMA = "spectest.simulate/2"
+TREE_SCHEMA = "spectest.simulate-tree/1"
 BREAKEVEN_SCHEMA = "spectest.breakeven/2"
 DEFAULT_COST_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 
@@ -62,11 +69,103 @@ def add_parser(commands: Any) -> None:
     sim.add_argument(
         "--ops-ratio", type=argument(non_negative), help="draft/target arithmetic per token (default: cost ratio)"
     )
+    tree = sim.add_argument_group("draft trees (--tree), under positional acceptance (Sequoia)")
+    tree.add_argument("--tree", action="store_true", help="the optimal draft tree for a node budget, against the chain")
+    tree.add_argument(
+        "--rank-acceptance",
+        type=argument(rank_acceptance),
+        help="a_1,a_2,...: P(the child of sibling rank r is the accepted one); sums to at most 1 "
+        "(default: --acceptance for a width-one tree)",
+    )
+    tree.add_argument(
+        "--budget", type=argument(positive_int), default=16, help="drafted nodes per pass, at most (default 16)"
+    )
+    tree.add_argument("--max-depth", type=argument(positive_int), help="levels of the tree, at most (default: budget)")
+    tree.add_argument(
+        "--shape",
+        type=argument(tree_shape),
+        help="also evaluate this tree: the parent of each drafted node 1, 2, ... (the root is 0), e.g. 0,0,1",
+    )
     sim.add_argument("--breakeven-table", action="store_true", help="print a* for K 1..8 and a grid of cost ratios")
     sim.add_argument("--json", action="store_true", help="machine-readable output (schemas in the module docstring)")
 
 
+def rank_acceptance(text: str) -> list[float]:
+    values = [unit_interval(part) for part in text.split(",")]
+    if sum(values) > 1 + 1e-12:
+        raise ValueError(f"rank acceptances are disjoint events: they must sum to at most 1, got {text}")
+    return values
+
+
+def tree_shape(text: str) -> list[int]:
+    from spectest.simulators.tree import tree_depths
+
+    parents = [-1] + [int(part) for part in text.split(",")]
+    tree_depths(parents)  # raises ValueError naming the bad node
+    return parents
+
+
+def run_tree(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from spectest.simulators import CostModel
+    from spectest.simulators.tree import optimal_tree, plan_tree, positional_tree_pass, tree_depths, tree_speedup
+
+    if args.rank_acceptance is None and args.acceptance is None:
+        parser.error("simulate --tree needs --rank-acceptance (or --acceptance for a width-one tree)")
+    rates = args.rank_acceptance if args.rank_acceptance is not None else [args.acceptance]
+    cost = CostModel(args.cost_ratio, args.verify_overhead, args.pass_overhead)
+    plan = plan_tree(args.budget, rates, cost, max_depth=args.max_depth)
+    whole = optimal_tree(args.budget, rates, max_depth=args.max_depth)
+    result: dict[str, Any] = {
+        "schema": TREE_SCHEMA,
+        "inputs": {
+            "rank_acceptance": rates,
+            "budget": args.budget,
+            "max_depth": args.max_depth,
+            "cost_ratio": args.cost_ratio,
+            "verify_overhead": args.verify_overhead,
+            "pass_overhead": args.pass_overhead,
+        },
+        **plan.as_dict(),
+        "optimal_for_budget": {"parents": whole.parents.tolist(), "tokens_per_pass": whole.tokens_per_pass},
+    }
+    if args.shape is not None:
+        depth = int(tree_depths(args.shape).max())
+        if any(args.shape.count(node) > len(rates) for node in set(args.shape) - {-1}):
+            parser.error(f"--shape has a node with more children than --rank-acceptance has ranks ({len(rates)})")
+        dist = positional_tree_pass(args.shape, rates)
+        result["shape"] = {
+            "parents": args.shape,
+            "tokens_per_pass": float(dist.mean),
+            "distribution": {str(v): float(p) for v, p in zip(dist.values, dist.probs, strict=True)},
+            "speedup": tree_speedup(float(dist.mean), sum(p >= 0 for p in args.shape[1:]), depth, cost),
+        }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"rank acceptance {rates}, budget {args.budget} nodes, max depth {args.max_depth or args.budget}; "
+        f"c={args.cost_ratio:g} d={args.verify_overhead:g} pass overhead={args.pass_overhead:g}"
+    )
+    tree, chain = result["tree"], result["chain"]
+    print(
+        f"fastest tree: {tree['nodes']} nodes, depth {tree['depth']}: {tree['tokens_per_pass']:.4f} tokens per pass, "
+        f"{tree['speedup']:.4f}x\n  parents {tree['parents']}"
+    )
+    print(f"fastest chain: K={chain['k']}: {chain['tokens_per_pass']:.4f} tokens per pass, {chain['speedup']:.4f}x")
+    print(f"tree over chain: {result['tree_over_chain']:.4f}x")
+    print(
+        f"most tokens per pass with all {args.budget} nodes: {whole.tokens_per_pass:.4f}\n  parents "
+        f"{whole.parents.tolist()}"
+    )
+    if "shape" in result:
+        shape = result["shape"]
+        print(f"--shape: {shape['tokens_per_pass']:.4f} tokens per pass, {shape['speedup']:.4f}x")
+    return 0
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.tree:
+        return run_tree(args, parser)
     from spectest.simulators import (
         CostModel,
         break_even_acceptance,

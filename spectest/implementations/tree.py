@@ -103,12 +103,13 @@ def verify_tree(
 
 
 class TreeReference:
-    """A registered tree reference for one drafting scheme (its chain view is the chain reference's
-    rule for ``iid`` and ``without-replacement``: it declares ``standard-rejection``)."""
+    """A registered tree reference for one drafting scheme; it declares ``standard-rejection``:
+    the standard multi-step rule of its scheme (the harness holds a top-k model's chain view,
+    which sees one-hot drafts, to the lossless rules only)."""
 
     def __init__(self, drafting: str) -> None:
         self.spectest_tree_drafting = drafting
-        self.spectest_capabilities = frozenset() if drafting == "top-k" else frozenset({"standard-rejection"})
+        self.spectest_capabilities = frozenset({"standard-rejection"})
 
     def verify_tree(self, parents, draft_token_ids, draft_probs, target_probs, *, generator):
         return verify_tree(

@@ -14,8 +14,10 @@ from functools import partial
 import torch
 
 from spectest.cases.toy_models import MarkovChain
+from spectest.cases.trees import TreeModel, draft_trees
 from spectest.protocol import PAD, Model, call_verify
 from spectest.sampling import sample_categorical
+from spectest.tree_protocol import depths
 
 
 @dataclass
@@ -101,3 +103,77 @@ def sequence_index(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Row-major cell index of each sequence, matching MarkovChain.sequence_probs."""
     weights = vocab_size ** torch.arange(tokens.shape[1] - 1, -1, -1, device=tokens.device)
     return (tokens * weights).sum(dim=1)
+
+
+# (parents, draft_token_ids, draft_probs, target_probs, generator) -> (path, token)
+VerifyTreeCall = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]
+]
+
+
+@dataclass
+class TreeGeneration:
+    tokens: torch.Tensor  # [n, length] int64
+    passes: int
+
+
+def generate_tree(
+    call: VerifyTreeCall,
+    target: MarkovChain,
+    draft: MarkovChain,
+    parents: torch.Tensor,
+    drafting: str,
+    *,
+    n_sequences: int,
+    length: int,
+    draft_generator: torch.Generator,
+    verify_generator: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+) -> TreeGeneration:
+    """``n_sequences`` sequences of ``length`` tokens through repeated tree passes: row r drafts
+    the tree ``parents[r % S]`` from its last token (as ``drafting`` says) and appends the
+    accepted path's tokens and the extra token."""
+    device = parents.device
+    shapes = parents.shape[0]
+    deepest = int(depths(parents).max())
+    tables = {
+        side: torch.as_tensor(chain.table, dtype=torch.float64, device=device)
+        for side, chain in (("target", target), ("draft", draft))
+    }
+    typed = {(side, dtype): table.to(dtype) for side, table in tables.items()}
+    shape_depths = depths(parents)
+    tokens = torch.full((n_sequences, length + deepest + 1), PAD, dtype=torch.int64, device=device)
+    lengths = torch.zeros(n_sequences, dtype=torch.int64, device=device)
+    passes = 0
+    while True:
+        active = (lengths < length).nonzero().squeeze(1)
+        if active.numel() == 0:
+            break
+        filled = lengths[active]
+        last = tokens[active, (filled - 1).clamp_min(0)]
+        a = active.numel()
+
+        model = TreeModel(
+            parents=parents[active % shapes],
+            depth=shape_depths[active % shapes],
+            context=torch.where(filled > 0, last, target.start),
+            target=tables["target"].expand(a, deepest + 1, *tables["target"].shape),  # views, no copies
+            draft=tables["draft"].expand(a, deepest + 1, *tables["draft"].shape),
+            drafting=drafting,
+            converted={key: table.expand(a, deepest + 1, *table.shape) for key, table in typed.items()},
+        )
+        trees = draft_trees(model, 1, draft_generator, dtype)
+        root = trees.tokens[:, 0]
+        trees.tokens[:, 0] = torch.where(root == target.start, 0, root)  # a token id even at the start
+        path, token = call(trees.parents, trees.tokens, trees.draft_probs, trees.target_probs, verify_generator)
+        accepted = (path != PAD).sum(dim=1)
+        emitted = torch.cat([trees.tokens.gather(1, path.clamp_min(0)), token.unsqueeze(1)], dim=1)
+        emitted[torch.arange(a, device=device), accepted] = token
+        slots = torch.arange(emitted.shape[1], device=device)  # this batch's trees may be shallower
+        present = slots.unsqueeze(0) <= accepted.unsqueeze(1)
+        where = filled.unsqueeze(1) + slots
+        row_index = active.unsqueeze(1).expand_as(where)
+        tokens[row_index[present], where[present]] = emitted[present]
+        lengths[active] += accepted + 1
+        passes += 1
+    return TreeGeneration(tokens[:, :length], passes)

@@ -98,7 +98,11 @@ class PropertyRun:
         self.test_name = getattr(node, "originalname", node.name)
         self.replay = session.replay_command(model, self.test_name)
         # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
-        self.standard = "standard-rejection" in model.capabilities
+        # A top-k tree model's chain view hands it one-hot drafts: not the chain's standard rule.
+        self.tree_standard = "standard-rejection" in model.capabilities
+        self.standard = self.tree_standard and not (
+            getattr(model.verify, "spectest_chain_view", False) and model.tree_drafting == "top-k"
+        )
         self.ledger = Ledger(cpu_time if self.device.type == "cpu" else OWN_CLOCK)
         share_cores_with_other_workers()
         self.checks_started = 0

@@ -37,6 +37,9 @@ def _tree(
     reuse_uniform=False,
     skip_duplicates=False,
     leaf_bonus_from_parent=False,
+    count_duplicates=False,
+    continue_below_rejected=False,
+    give_up=0.0,
 ):
     """Multi-step rejection sampling over each node's children, every step overridable."""
     b = parents.shape[0]
@@ -67,6 +70,10 @@ def _tree(
             last_u = torch.where(trying, u, last_u)
             px = big_p.gather(1, x).squeeze(1)
             qx = big_q.gather(1, x).squeeze(1) if soft_q else torch.ones_like(px)
+            if count_duplicates:  # q(x) times the number of siblings drafted as x
+                kids = children[rows, node]
+                same = (tokens.gather(1, kids.clamp_min(0)) == x) & (kids >= 0)
+                qx = qx * same.sum(dim=1)
             accept = trying & (u * qx < px)
             if threshold is not None:
                 accept |= trying & (px >= threshold * qx)
@@ -80,6 +87,13 @@ def _tree(
             if update_q:
                 big_q = torch.where(rejected, normalised(big_q.scatter(1, x, 0.0), big_q), big_q)
         u = last_u if reuse_uniform else torch.rand(b, generator=generator, device=device, dtype=torch.float64)
+        if give_up:  # lossless but wasteful: now and then ignore the children and draw from p
+            quit_here = active & (torch.rand(b, generator=generator, device=device, dtype=torch.float64) < give_up)
+            accepted = torch.where(quit_here, PAD, accepted)
+            big_p = torch.where(quit_here.unsqueeze(1), p0, big_p)
+        if continue_below_rejected:  # every child rejected: go on into the first one anyway
+            first = children[rows, node, 0]
+            accepted = torch.where(active & (accepted < 0) & (first >= 0), first, accepted)
         stops = active & (accepted < 0)
         has_children = children[rows, node, 0] >= 0
         weights = big_p
@@ -130,6 +144,68 @@ class _Transformed(_Buggy):
         return self.breaks(parents, draft_token_ids, *out)
 
 
+class _Inputs(_Buggy):
+    """A correct verifier handed inputs broken by ``breaks``."""
+
+    def __init__(self, drafting: str, doc: str, breaks) -> None:
+        super().__init__(drafting, doc)
+        self.breaks = breaks
+
+    def verify_tree(self, parents, draft_token_ids, draft_probs, target_probs, *, generator):
+        return super().verify_tree(
+            *self.breaks(parents, draft_token_ids, draft_probs, target_probs), generator=generator
+        )
+
+
+def _rows_shifted(parents, tokens, draft_probs, target_probs):
+    return parents, tokens, draft_probs, target_probs.roll(1, dims=0)
+
+
+class _LongestPath:
+    """Verifies every root-to-leaf path on its own, as a chain, and keeps the longest accepted
+    prefix (ties: the first leaf): each path alone is exact, the choice among them is biased."""
+
+    spectest_tree_drafting = "iid"
+
+    def verify_tree(self, parents, draft_token_ids, draft_probs, target_probs, *, generator):
+        from spectest.implementations.reference import verify as chain_verify
+
+        b, n = parents.shape
+        device = parents.device
+        rows = torch.arange(b, device=device)
+        deepest = int(depths(parents).max())
+        is_leaf = (parents >= 0) & ~(parents.unsqueeze(2) == torch.arange(n, device=device)).any(dim=1)
+        is_leaf[:, 0] = ~(parents[:, 1:] >= 0).any(dim=1)
+        best_len = torch.full((b,), -1, dtype=torch.int64, device=device)
+        best_path = torch.full((b, deepest), PAD, dtype=torch.int64, device=device)
+        best_token = torch.zeros(b, dtype=torch.int64, device=device)
+        for leaf in range(n):
+            chain = [torch.where(is_leaf[:, leaf], leaf, 0)]  # rows where it is no leaf: the root alone
+            for _ in range(deepest):
+                chain.append(torch.where(chain[-1] > 0, parents[rows, chain[-1].clamp_min(0)], chain[-1]))
+            nodes = torch.stack(chain[::-1], dim=1)  # root ... leaf, the root repeated in front
+            start = (nodes == 0).sum(dim=1) - 1  # position of the root
+            k = max(deepest, 1)
+            slots = (start.unsqueeze(1) + torch.arange(k + 1, device=device)).clamp_max(deepest)
+            along = nodes.gather(1, slots)  # root, depth 1, ..., repeated leaf at the end
+            length = (depths(parents).gather(1, nodes[:, -1:].clamp_min(0))).squeeze(1)
+            ids = draft_token_ids.gather(1, along[:, 1:])
+            q = draft_probs[rows.unsqueeze(1), along[:, :-1]]
+            p = target_probs[rows.unsqueeze(1), along]
+            emitted = chain_verify(ids, q.to(p.dtype), p, generator=generator)
+            got = ((emitted[:, :-1] == ids).long().cumprod(dim=1).sum(dim=1)).clamp_max(length)
+            better = is_leaf[:, leaf] & (got > best_len)
+            if not bool(better.any()):
+                continue
+            best_len = torch.where(better, got, best_len)
+            taken = torch.where(torch.arange(deepest, device=device) < got.unsqueeze(1), along[:, 1 : deepest + 1], PAD)
+            best_path = torch.where(better.unsqueeze(1), taken, best_path)
+            u = torch.rand(b, generator=generator, device=device, dtype=torch.float64)
+            bonus = inverse_cdf_blocked(target_probs[rows, nodes[:, -1]].double(), u)  # the whole path accepted
+            best_token = torch.where(better, torch.where(got == length, bonus, emitted[rows, got]), best_token)
+        return best_path, best_token
+
+
 def _off_by_one(parents, tokens, path, token):
     return torch.where(path > 1, path - 1, path), token
 
@@ -156,8 +232,8 @@ tree_correction_from_child = _Buggy(
 tree_leaf_bonus_from_residual = _Buggy(
     "iid", "At a leaf the bonus is drawn from norm(max(p - q, 0)) instead of p.", leaf_bonus_from_residual=True
 )
-# Not in BUGS: the per-node check catches it only about one run in two (the bias of a reused
-# uniform is spread over every token id); a joint tree property would be needed, as for the chain.
+# The per-node check catches it only about one run in two (the bias of a reused uniform is spread
+# over every token id); the joint over sequences catches it every time.
 tree_uniform_reused = _Buggy("iid", "The last acceptance uniform is reused for the correction.", reuse_uniform=True)
 tree_skips_duplicate_siblings = _Buggy(
     "iid", "A sibling with the token of a rejected sibling is skipped as already rejected.", skip_duplicates=True
@@ -166,9 +242,30 @@ tree_lossy_threshold = _Buggy("iid", "Accepts any child whose p / q is at least 
 tree_leaf_bonus_from_parent = _Buggy(
     "top-k", "The bonus at a leaf is drawn from its parent's p.", leaf_bonus_from_parent=True
 )
+tree_counts_duplicates_twice = _Buggy(
+    "iid", "q(x) of a sibling is multiplied by how many siblings drafted x.", count_duplicates=True
+)
+tree_topk_rule_on_iid = _Buggy(
+    "iid",
+    "Sampled children verified as one-hot drafts (accept with P(x)): lossless, but accepts less; "
+    "declares the standard rule.",
+    soft_q=False,
+)
+tree_topk_rule_on_iid.spectest_capabilities = frozenset({"standard-rejection"})
+tree_continues_below_rejected = _Buggy(
+    "iid", "When every child is rejected, the path goes on into the first child.", continue_below_rejected=True
+)
+tree_rows_mixed = _Inputs("iid", "Each row verifies against the previous row's target.", _rows_shifted)
+tree_longest_path = _LongestPath()
+tree_accepts_less = _Buggy(
+    "iid", "Exact, but gives up on a node's children one time in five; declares the standard rule.", give_up=0.2
+)
+tree_accepts_less.spectest_capabilities = frozenset({"standard-rejection"})
 tree_parent_off_by_one = _Transformed("iid", "Returns node ids one too low.", _off_by_one)
 tree_int32_path = _Transformed("top-k", "Returns the path as int32.", _int32)
 
+JOINT = "test_tree_sequences_follow_the_target"
+TOKENS_PER_PASS = "test_tree_tokens_per_pass_follow_the_exact_model"
 STATISTICAL = {PER_NODE: NODE_OR_ZERO}
 BUGS = {
     "tree_residual_from_node_p": STATISTICAL,
@@ -179,6 +276,17 @@ BUGS = {
     "tree_leaf_bonus_from_residual": STATISTICAL,
     "tree_skips_duplicate_siblings": STATISTICAL,
     "tree_lossy_threshold": STATISTICAL,
+    "tree_uniform_reused": {JOINT: (R.TREE_JOINT, R.NEVER_IMPOSSIBLE)},
+    "tree_counts_duplicates_twice": STATISTICAL,
+    "tree_topk_rule_on_iid": {TOKENS_PER_PASS: (R.TREE_TOKENS_PER_PASS,)},
+    "tree_continues_below_rejected": {PER_NODE: NODE_OR_ZERO, EXACT: (R.NEVER_ACCEPTS_IMPOSSIBLE_NODE, R.FORCED_PATH)},
+    "tree_rows_mixed": {
+        PER_NODE: NODE_OR_ZERO,
+        EXACT: (R.FORCED_PATH, R.NEVER_ACCEPTS_IMPOSSIBLE_NODE, R.NEVER_IMPOSSIBLE),
+    },
+    "tree_longest_path": STATISTICAL,
+    # Lossless (the joint and per-node checks pass it): only the standard rule's figures catch it.
+    "tree_accepts_less": {TOKENS_PER_PASS: (R.TREE_TOKENS_PER_PASS,), EXACT: (R.FORCED_PATH,)},
     "tree_leaf_bonus_from_parent": STATISTICAL,
     # Usually not a chain under parents any more; where it still is (a path of one node), the wrong node.
     "tree_parent_off_by_one": {
