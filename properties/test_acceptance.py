@@ -2,7 +2,10 @@
 
 For a verifier that declares ``standard-rejection`` the number of tokens each call emits must
 follow the exact chain model: per row from a_i = sum min(p_i, q_i) (context-free), and per
-start context by dynamic programming over contexts (Markov). Other lossless verifiers may accept
+start context by dynamic programming over contexts (Markov). One that declares
+``block-verification`` follows the exact block model instead (enumerated over draft sequences,
+so its cases keep V^K small), and must accept at least as many tokens per call as token-wise
+verification on the same inputs (the guarantee of Sun et al. 2024). Other lossless verifiers may accept
 less (one that ignores q, say): for them the measured acceptance is reported as an efficiency
 figure, and they fail only if they beat the maximal-coupling bound, which no lossless verifier
 can: P(first j emitted tokens = first j drafts) <= sum over j-token sequences of min(P, Q).
@@ -17,16 +20,18 @@ import numpy as np
 import pytest
 import torch
 from spectest.simulators import acceptance_probability, tokens_per_pass
+from spectest.simulators.block import block_tokens_per_pass
 from spectest.simulators.markov import MarkovChainModel, context_free_prefix_bound
 
 from spectest import rules
 from spectest import strategies as sst
 from spectest.cases.tensors import RepeatedBatch, to_tensor
 from spectest.cases.toy_models import markov_pair
-from spectest.protocol import PAD
+from spectest.protocol import BLOCK_VERIFICATION, PAD
 from spectest.suite.loop import generate
 
 CALLS = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 512))
+BLOCK_CALLS = sst.CaseRanges(batch=(65, 96), k=(1, 4), vocab=(2, 12))  # the block model enumerates V^K drafts
 MAX_CASE_ELEMENTS = 200_000_000
 MAX_CALL_ELEMENTS = 8_000_000
 BOUND_SEQUENCES = 4096  # enumerate at most this many prefixes per row for the coupling bound
@@ -45,6 +50,8 @@ def bernstein_p_value(successes: float, means: np.ndarray) -> float:
 # Every run sees drafts that miss the target by a wide margin: a verifier that accepts less than
 # the standard rule (or more) moves tokens per call by several per cent there, whatever else is drawn.
 FAR_DRAFTS = sst.ChainCase(batch=80, k=4, vocab=16, kinds=(("dirichlet", "far"), ("peaky", "close")), seed=7)
+# The same for block verifiers, over a vocabulary whose V^K draft sequences the exact model enumerates quickly.
+FAR_BLOCK = sst.ChainCase(batch=80, k=4, vocab=8, kinds=(("dirichlet", "far"), ("peaky", "close")), seed=7)
 
 
 @pytest.mark.spec_property(examples=6, explicit=1, checks=1)
@@ -53,7 +60,10 @@ def test_tokens_per_call_follow_the_chain_model(spec) -> None:
         started = time.perf_counter()
         target_np, draft_np = sst.build_chain(case)
         b, k, v = case.batch, case.k, case.vocab
-        exact = tokens_per_pass(acceptance_probability(target_np[:, :k], draft_np)).probs  # [B, K + 1]
+        if spec.block:
+            exact = np.stack([block_tokens_per_pass(target_np[r], draft_np[r]).probs for r in range(b)])
+        else:
+            exact = tokens_per_pass(acceptance_probability(target_np[:, :k], draft_np)).probs  # [B, K + 1]
         per_rep = b * (2 * k + 1) * v
         batch = RepeatedBatch(
             to_tensor(target_np, device=spec.device, dtype=case.dtype),
@@ -61,7 +71,7 @@ def test_tokens_per_call_follow_the_chain_model(spec) -> None:
         )
         draft_gen, verify_gen = spec.generators(case.seed)
         check = spec.distribution(
-            rules.TOKENS_PER_CALL,
+            rules.BLOCK_TOKENS_PER_CALL if spec.block else rules.TOKENS_PER_CALL,
             exact,
             case_seed=case.seed,
             min_draws=50,
@@ -99,7 +109,7 @@ def test_tokens_per_call_follow_the_chain_model(spec) -> None:
             }
         )
         context = f"{check.draws} calls per row, {case}; tokens per call {measured:.4f}, standard optimum {optimal:.4f}"
-        if spec.standard:
+        if spec.standard or spec.block:
             spec.conclude(check, context=context, started=started)
             return
         # Not declared standard: only the maximal-coupling bound is binding.
@@ -115,6 +125,51 @@ def test_tokens_per_call_follow_the_chain_model(spec) -> None:
                 f"calls, but no lossless verifier can exceed {bounds.mean() * b * check.draws:.1f} on average "
                 f"(Bernstein p <= {p_value:.3g} < {spec.alpha / k:.2g}); {context}",
             )
+
+    if spec.block:
+        spec.given(BLOCK_CALLS.chain_cases(), body, explicit=[FAR_BLOCK])
+    else:
+        spec.given(CALLS.chain_cases(), body, explicit=[FAR_DRAFTS])
+
+
+@pytest.mark.spec_property(examples=4, explicit=1, checks=1, needs=(BLOCK_VERIFICATION,))
+def test_accepts_at_least_as_many_tokens_as_token_wise(spec) -> None:
+    """Block verification's guarantee: on the same inputs, at least the tokens per call of
+    token-wise rejection sampling (known exactly). One-sided Hoeffding test on the mean deficit
+    (L in [1, K + 1]), with enough calls that a deficit of tolerance * K tokens fails with
+    probability 1 - alpha."""
+
+    def body(case: sst.ChainCase) -> None:
+        target_np, draft_np = sst.build_chain(case)
+        b, k, v = case.batch, case.k, case.vocab
+        token_wise = tokens_per_pass(acceptance_probability(target_np[:, :k], draft_np)).mean  # [B]
+        log_level = math.log(1 / spec.alpha)
+        calls_needed = math.ceil(2 * log_level / spec.session.tolerance**2)
+        reps_needed = max(1, math.ceil(calls_needed / b))
+        per_rep = b * (2 * k + 1) * v
+        batch = RepeatedBatch(
+            to_tensor(target_np, device=spec.device, dtype=case.dtype),
+            to_tensor(draft_np, device=spec.device, dtype=case.dtype),
+        )
+        draft_gen, verify_gen = spec.generators(case.seed)
+        total, calls, done = 0.0, 0, 0
+        while done < reps_needed:
+            reps = min(reps_needed - done, max(1, MAX_CALL_ELEMENTS // per_rep))
+            drafts, draft_probs, target_probs = batch.draw(reps, draft_gen)
+            emitted = spec.verify(drafts, draft_probs, target_probs, verify_gen)
+            total += float((emitted != PAD).sum())
+            calls += b * reps
+            done += reps
+        measured, expected = total / calls, float(token_wise.mean())
+        deficit = expected - measured
+        p_value = math.exp(-2 * calls * deficit**2 / k**2) if deficit > 0 else 1.0
+        spec.record({"tokens_per_call": measured, "token_wise_tokens_per_call": expected, "k": k})
+        spec.require(
+            p_value >= spec.alpha,
+            rules.AT_LEAST_TOKEN_WISE,
+            f"{measured:.4f} tokens per call over {calls} calls, token-wise verification gives {expected:.4f} on the "
+            f"same inputs: a deficit of {deficit:.4f} tokens (Hoeffding p <= {p_value:.3g} < {spec.alpha:.2g}); {case}",
+        )
 
     spec.given(CALLS.chain_cases(), body, explicit=[FAR_DRAFTS])
 

@@ -33,6 +33,7 @@ from spectest.tree_protocol import depths
 
 MAX_CALL_ELEMENTS = 4_000_000
 MAX_SEQUENCES = 400_000  # per joint case; the plan asks for fewer
+JOINT_CALL_ELEMENTS = 16_000_000  # per tree pass of the joint: few V, many sequences per call
 MAX_CASE_ELEMENTS = 200_000_000
 PILOT_COPIES = 256  # copies of the batch the harness verifies itself to plan each node's reach
 
@@ -239,7 +240,7 @@ def test_tree_paths_obey_the_exact_rules(spec) -> None:
                     f"({context})",
                 )
 
-    spec.given(tree_cases(nodes=(2, 48), vocab=(2, 64)), body)
+    spec.given(tree_cases(nodes=(2, 64), vocab=(2, 64)), body)
 
 
 # Far drafts on wide trees over three tokens: every pass rejects siblings and draws corrections,
@@ -282,7 +283,7 @@ def test_tree_sequences_follow_the_target(spec) -> None:
         passes = 0
         context = f"{case}, drafting {drafting}"
         while not check.done:
-            batch = check.next_batch(max(1, MAX_CALL_ELEMENTS // (case.nodes * (2 * case.vocab + 2))))
+            batch = check.next_batch(max(1, JOINT_CALL_ELEMENTS // (case.nodes * (2 * case.vocab + 2))))
             run = generate_tree(
                 spec.verify_tree,
                 target,

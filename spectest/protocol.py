@@ -25,7 +25,8 @@ Optional capabilities, discovered from the model object (methods of the same nam
       siblings are drafted in ``spectest_tree_drafting``).
 
 and declared ones (attribute ``spectest_capabilities``): ``standard-rejection`` (p = q means
-certain acceptance) and ``per-row-seeds`` (a row with a seed gives the same output whatever
+certain acceptance), ``block-verification`` (Sun et al. 2024: held to the block tokens-per-pass
+model and to accepting at least as many tokens as token-wise verification) and ``per-row-seeds`` (a row with a seed gives the same output whatever
 else is in the batch). ``spectest_filter_order`` (default top_k, top_p, min_p) and
 ``spectest_sampling_params`` (default all four) say how and which parameters a model applies.
 """
@@ -53,6 +54,7 @@ LOGITS = "logits"
 PROPOSE = "propose"
 PER_ROW_SEEDS = "per-row-seeds"
 STANDARD_REJECTION = "standard-rejection"
+BLOCK_VERIFICATION = "block-verification"
 TREE = "tree"  # verify_tree (spectest.tree_protocol)
 TREE_DRAFTING = ("iid", "without-replacement", "top-k")
 

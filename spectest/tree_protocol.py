@@ -49,12 +49,22 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
     return depth
 
 
-def describe_tree_inputs(parents: torch.Tensor, target_probs: torch.Tensor) -> str:
-    b, n = parents.shape
-    return (
-        f"B={b}, N={n}, depth {int(depths(parents).max())}, V={target_probs.shape[-1]}, "
-        f"dtype={target_probs.dtype}, device={target_probs.device}"
-    )
+class TreeInputs:
+    """The inputs of a call, for error messages: formatted lazily (most calls never fail)."""
+
+    def __init__(self, parents: torch.Tensor, target_probs: torch.Tensor, prefix: str = "") -> None:
+        self.parents, self.target_probs, self.prefix = parents, target_probs, prefix
+
+    def __str__(self) -> str:
+        b, n = self.parents.shape
+        return (
+            f"{self.prefix}B={b}, N={n}, depth {int(depths(self.parents).max())}, V={self.target_probs.shape[-1]}, "
+            f"dtype={self.target_probs.dtype}, device={self.target_probs.device}"
+        )
+
+
+def describe_tree_inputs(parents: torch.Tensor, target_probs: torch.Tensor, prefix: str = "") -> TreeInputs:
+    return TreeInputs(parents, target_probs, prefix)
 
 
 def call_verify_tree(
@@ -88,7 +98,7 @@ def call_verify_tree(
 
 
 def check_tree_output(
-    model: str, out: Any, parents: torch.Tensor, vocab_size: int, inputs: str
+    model: str, out: Any, parents: torch.Tensor, vocab_size: int, inputs: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact structural rules: a (path, token) pair of the right shapes, dtypes and device; the
     path a chain from the root under ``parents`` followed by -1 padding; the token in [0, V)."""
@@ -157,7 +167,7 @@ def chain_view(verify_tree: Callable[..., Any], drafting: str, *, model: str) ->
             q = draft_probs
         leaf = torch.full((b, 1, v), 1.0 / v, dtype=draft_probs.dtype, device=device)  # the leaf drafts nothing
         out = verify_tree(parents, tokens, torch.cat([q, leaf], dim=1), target_probs, generator=generator)
-        path, token = check_tree_output(model, out, parents, v, f"chain view, {describe_tree_inputs(parents, q)}")
+        path, token = check_tree_output(model, out, parents, v, describe_tree_inputs(parents, q, "chain view, "))
         accepted = (path != PAD).sum(dim=1)
         slots = torch.arange(k + 1, device=device).unsqueeze(0)
         emitted = torch.cat([draft_token_ids, torch.full_like(draft_token_ids[:, :1], PAD)], dim=1)

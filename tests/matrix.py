@@ -1,7 +1,7 @@
 """The property-by-bug matrix: which known-buggy verifier each property catches, and by which rule.
 
 Built from the declarations the meta-tests enforce (``BUGS`` in tests/verifiers/buggy.py,
-buggy_logits.py, slow.py and buggy_trees.py), printed in the README, and checked against it by
+buggy_logits.py, slow.py, buggy_trees.py and buggy_block.py), printed in the README, and checked against it by
 ``tests/test_meta.py``. Regenerate the README's copy with ``python -m tests.matrix``.
 """
 
@@ -22,6 +22,7 @@ PROPERTIES = [
     "test_same_generator_state_gives_same_output",
     "test_inputs_are_not_modified",
     "test_tokens_per_call_follow_the_chain_model",
+    "test_accepts_at_least_as_many_tokens_as_token_wise",
     "test_markov_tokens_per_pass_follow_the_exact_model",
     "test_logits_rows_follow_the_processed_target",
     "test_greedy_rows_equal_greedy_decoding",
@@ -46,7 +47,7 @@ def load(file: str) -> ModuleType:
 def declarations() -> dict[str, dict[str, tuple[str, ...]]]:
     """ "file:bug" -> {property: the rules any of which may catch it}, over every known-buggy verifier."""
     out = {}
-    for file in ("buggy.py", "buggy_logits.py", "slow.py", "buggy_trees.py"):
+    for file in ("buggy.py", "buggy_logits.py", "slow.py", "buggy_trees.py", "buggy_block.py"):
         for bug, row in load(file).BUGS.items():
             out[f"{file}:{bug}"] = row
     return out
@@ -55,7 +56,7 @@ def declarations() -> dict[str, dict[str, tuple[str, ...]]]:
 def only_caught_by() -> dict[str, tuple[str, ...]]:
     """ "file:bug" -> the properties that alone catch it (every other property passes it)."""
     out = {}
-    for file in ("buggy.py", "slow.py"):
+    for file in ("buggy.py", "slow.py", "buggy_block.py"):
         module = load(file)
         for bug in module.ONLY:
             out[f"{file}:{bug}"] = tuple(module.BUGS[bug])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import matrix
-from tests.runner_helpers import Run, once_per_run, run_pytest
+from tests.runner_helpers import Run, run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFIERS = REPO / "tests" / "verifiers"
@@ -33,6 +33,7 @@ NEEDS = {
     "test_propose_then_verify_is_lossless": {"propose"},
     "test_seeded_rows_ignore_the_rest_of_the_batch": {"logits", "per-row-seeds"},
     "test_markov_tokens_per_pass_follow_the_exact_model": {"standard-rejection"},
+    "test_accepts_at_least_as_many_tokens_as_token_wise": {"block-verification"},
     "test_every_reached_tree_node_is_exact": {"tree"},
     "test_tree_paths_obey_the_exact_rules": {"tree"},
     "test_tree_sequences_follow_the_target": {"tree"},
@@ -46,6 +47,7 @@ CAPABILITIES = {
     "one_hot_draft_logits": {"logits"},
     "min_p_first": {"logits", "propose", "per-row-seeds", "standard-rejection"},
     "propose_with_chain_verify": {"propose", "standard-rejection"},
+    "reference-block": {"block-verification"},
     "reference-tree-iid": {"tree", "standard-rejection"},
     "reference-tree-without-replacement": {"tree", "standard-rejection"},
     "reference-tree-topk": {"tree", "standard-rejection"},
@@ -54,13 +56,15 @@ CAPABILITIES = {
 CHAIN_VIEW_LACKS = {"reference-tree-topk": {"standard-rejection"}}
 # The registered tree references: on the tree properties, and on the chain ones through their chain view.
 TREES = ["reference-tree-iid", "reference-tree-without-replacement", "reference-tree-topk"]
+# Block verification: lossless, not token-wise; on the chain properties in the slow tier's seeds.
+BLOCKS = ["reference-block"]
 BUGS = matrix.declarations()  # "file:bug" -> {property: rules that may name it}
 ONLY = matrix.only_caught_by()
 
 
 def model_arg(name: str) -> str:
     """The --spec-model value of a verifier in tests/verifiers ("file.py:name" or a bare correct one)."""
-    if name == "reference" or name in TREES:
+    if name == "reference" or name in TREES + BLOCKS:
         return name
     file, _, attr = name.rpartition(":")
     return f"{VERIFIERS / (file or 'correct.py')}:{attr}"
@@ -122,21 +126,21 @@ def run_bugs(labels: list[str], props_of, tmp_path: Path, extra: list[str] = ())
     return run_pytest([*args, "--spec-no-shrink", "-n", "2", "-k", selection(pairs), *extra], tmp_path)
 
 
-@pytest.fixture(scope="session")
-def declared_run(tmp_path_factory) -> Run:
-    """Every chain and logits bug, on the properties declared to catch it, in one real run."""
+def test_every_buggy_verifier_is_caught_by_the_rule_its_bug_breaks(tmp_path):
+    """Every chain, logits, tree and block bug, on the properties declared to catch it, in one real
+    run (one test, so that the other xdist worker keeps running other tests meanwhile): each fails
+    every declared property by a declared rule, and the harness never crashes."""
     labels = [label for label in BUGS if not label.startswith("slow.py")]
-    return once_per_run(tmp_path_factory, "declared_run", lambda work: run_bugs(labels, lambda b: list(BUGS[b]), work))
-
-
-@pytest.mark.parametrize("label", [label for label in BUGS if not label.startswith("slow.py")])
-def test_buggy_verifier_is_caught_by_the_rule_its_bug_breaks(declared_run, label):
-    assert_caught(declared_run, label)
-
-
-def test_the_harness_never_crashed_on_a_buggy_verifier(declared_run):
-    assert_no_crash(declared_run)
-    assert len(declared_run.results) == sum(len(row) for label, row in BUGS.items() if not label.startswith("slow"))
+    run = run_bugs(labels, lambda b: list(BUGS[b]), tmp_path)
+    assert_no_crash(run)
+    assert len(run.results) == sum(len(BUGS[label]) for label in labels), run.output[-3000:]
+    missed = []
+    for label in labels:
+        try:
+            assert_caught(run, label)
+        except AssertionError as exc:
+            missed.append(str(exc))
+    assert not missed, "\n\n".join(missed)
 
 
 def test_every_property_catches_a_known_bug_and_the_readme_prints_the_matrix():
@@ -147,7 +151,7 @@ def test_every_property_catches_a_known_bug_and_the_readme_prints_the_matrix():
 
 
 TREE_PROPERTIES = [p for p in matrix.PROPERTIES if "tree" in p]
-SAMPLING_PROPERTIES = [p for p in matrix.PROPERTIES if p in NEEDS and "markov" not in p and p not in TREE_PROPERTIES]
+SAMPLING_PROPERTIES = [p for p in matrix.PROPERTIES if NEEDS.get(p, set()) & {"logits", "propose"}]
 NOT_SPEED_PROPERTIES = [p for p in matrix.PROPERTIES if p != SPEED]
 CHAIN_PROPERTIES = [p for p in NOT_SPEED_PROPERTIES if p not in SAMPLING_PROPERTIES + TREE_PROPERTIES]
 
@@ -156,7 +160,7 @@ def correct_run(models: list[str], tmp_path: Path, *extra: str, tree_chain_views
     """The correct chain verifiers on the chain properties and the logits-level controls on the
     sampling ones (their chain verify is one of the chain verifiers); the reference on both; the
     tree references on the tree properties and (``tree_chain_views``) the chain ones."""
-    pairs = {name: CHAIN_PROPERTIES for name in models if name in CHAIN}
+    pairs = {name: CHAIN_PROPERTIES for name in models if name in CHAIN + BLOCKS}
     for name in models:
         if name in TREES:
             pairs[name] = TREE_PROPERTIES + (CHAIN_PROPERTIES if tree_chain_views else [])
@@ -239,7 +243,8 @@ SEEDS = 4
 def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
     sampler never fails (as_object is the reference behind a method: the fast test covers it)."""
-    correct_run([m for m in dict.fromkeys(CHAIN + LOGITS) if m != "as_object"], tmp_path, "--spec-seed", str(seed))
+    models = [m for m in dict.fromkeys(CHAIN + LOGITS + BLOCKS) if m != "as_object"]
+    correct_run(models, tmp_path, "--spec-seed", str(seed))
 
 
 @pytest.mark.slow

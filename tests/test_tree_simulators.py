@@ -176,3 +176,30 @@ def test_simulate_tree_cli(capsys):
     with pytest.raises(SystemExit):
         main(["simulate", "--tree", "--rank-acceptance", "0.7,0.5"])
     assert "sum to at most 1" in capsys.readouterr().err
+
+
+def test_long_run_tree_tokens_per_pass_matches_chains_of_passes():
+    """Chains of passes (each starts after the previous pass's extra token), started from the
+    exact long-run context distribution: each chain's mean tokens per pass is unbiased for the
+    long-run value if the pass-to-pass transition is right; a t-test over independent chains."""
+    from scipy import stats
+    from spectest.simulators.markov import long_run_distribution
+
+    model, shape, drafting = markov(8, 4), SHAPES[2], "without-replacement"
+    _, extra = expected_tree_pass(shape, model.target, model.draft, drafting)
+    transition = np.zeros((5, 5))
+    transition[:, :4] = extra
+    contexts = long_run_distribution(transition, model.start)
+    rng = np.random.default_rng(9)
+    chains, passes = 1000, 15
+    context = rng.choice(5, size=chains, p=contexts)
+    tokens = np.zeros(chains)
+    for _ in range(passes):
+        starts = context.copy()
+        for c in np.unique(starts):
+            rows = np.flatnonzero(starts == c)
+            depth, token = simulate_tree(shape, model.target, model.draft, drafting, int(c), rows.size, rng)
+            tokens[rows] += depth + 1
+            context[rows] = token
+    exact = long_run_tree_tokens_per_pass(shape, model, drafting)
+    assert stats.ttest_1samp(tokens / passes, exact).pvalue > LEVEL

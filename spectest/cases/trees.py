@@ -234,7 +234,7 @@ def tree_markov_cases(draw: st.DrawFn, *, max_vocab: int = 5, max_cells: int = 4
         target_kind=pair.target_kind,
         draft_kind=pair.draft_kind,
         shapes=draw(st.integers(1, 4)),
-        nodes=draw(st.integers(2, 24)),
+        nodes=draw(st.integers(2, 32)),
         max_width=draw(st.integers(1, min(4, pair.vocab))),
         max_depth=draw(st.integers(1, 8)),
         style=draw(st.sampled_from(STYLES)),

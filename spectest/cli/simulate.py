@@ -14,6 +14,9 @@ significance level), the draft length is ``--k`` (``--gamma`` still works). JSON
   fastest chain within it), ``tree_over_chain``, ``optimal_for_budget`` {parents, tokens_per_pass}
   (the most tokens per pass with the whole budget), ``shape`` (only with ``--shape``) {parents,
   tokens_per_pass, distribution, speedup}.
+* ``spectest.simulate-block/1`` (``--block``): ``inputs`` {k, vocab, target_kind, draft_kind,
+  seed}, ``token_wise`` and ``block`` {mean, variance, distribution} for the same random (p, q)
+  pair per position, ``gain`` (block mean / token-wise mean).
 * ``spectest.breakeven/2``: ``verify_overhead``, ``pass_overhead``, ``cost_ratios`` [c...],
   ``rows`` [{k, break_even: [a* or null per cost ratio]}].
 """
@@ -28,6 +31,7 @@ from spectest.options import argument, non_negative, positive_int, unit_interval
 
 SIMULATE_SCHEMA = "spectest.simulate/2"
 TREE_SCHEMA = "spectest.simulate-tree/1"
+BLOCK_SCHEMA = "spectest.simulate-block/1"
 BREAKEVEN_SCHEMA = "spectest.breakeven/2"
 DEFAULT_COST_RATIOS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 
@@ -86,6 +90,13 @@ def add_parser(commands: Any) -> None:
         type=argument(tree_shape),
         help="also evaluate this tree: the parent of each drafted node 1, 2, ... (the root is 0), e.g. 0,0,1",
     )
+    block = sim.add_argument_group("block verification (--block): against token-wise, on the same random pair")
+    block.add_argument("--block", action="store_true", help="tokens per pass of block vs token-wise verification")
+    block.add_argument("--vocab", type=argument(positive_int), default=8, help="vocabulary size V (default 8)")
+    block.add_argument(
+        "--pair", default="dirichlet,far", help="target kind,draft kind of the toy pair (default dirichlet,far)"
+    )
+    block.add_argument("--seed", type=int, default=0, help="seed of the toy pair (default 0)")
     sim.add_argument("--breakeven-table", action="store_true", help="print a* for K 1..8 and a grid of cost ratios")
     sim.add_argument("--json", action="store_true", help="machine-readable output (schemas in the module docstring)")
 
@@ -163,9 +174,51 @@ def run_tree(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def run_block(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import numpy as np
+
+    from spectest.cases.toy_models import DRAFT_KINDS, TARGET_KINDS, distribution_pairs
+    from spectest.simulators.block import block_tokens_per_pass, token_wise_tokens_per_pass
+
+    target_kind, _, draft_kind = args.pair.partition(",")
+    if target_kind not in TARGET_KINDS or draft_kind not in DRAFT_KINDS:
+        parser.error(f"--pair must be TARGET,DRAFT with TARGET in {TARGET_KINDS} and DRAFT in {DRAFT_KINDS}")
+    p, q = distribution_pairs(np.random.default_rng(args.seed), args.k + 1, args.vocab, target_kind, draft_kind)
+    try:
+        block = block_tokens_per_pass(p, q[: args.k])
+    except ValueError as exc:
+        parser.error(str(exc))
+    token_wise = token_wise_tokens_per_pass(p, q[: args.k])
+    result = {
+        "schema": BLOCK_SCHEMA,
+        "inputs": {
+            "k": args.k,
+            "vocab": args.vocab,
+            "target_kind": target_kind,
+            "draft_kind": draft_kind,
+            "seed": args.seed,
+        },
+        "token_wise": token_wise.as_dict(),
+        "block": block.as_dict(),
+        "gain": float(block.mean / token_wise.mean),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"K={args.k} V={args.vocab} pair {target_kind}/{draft_kind} seed {args.seed}")
+    print(
+        f"token-wise: E[L] = {float(token_wise.mean):.5f}   block: E[L] = {float(block.mean):.5f}   gain x{result['gain']:.4f}"
+    )
+    for value, tw, bl in zip(block.values, token_wise.probs, block.probs, strict=True):
+        print(f"  P(L = {value}): token-wise {tw:.5f}   block {bl:.5f}")
+    return 0
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.tree:
         return run_tree(args, parser)
+    if args.block:
+        return run_block(args, parser)
     from spectest.simulators import (
         CostModel,
         break_even_acceptance,

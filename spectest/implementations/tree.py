@@ -57,49 +57,64 @@ def verify_tree(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     b = parents.shape[0]
     device = parents.device
-    rows = torch.arange(b, device=device)
     children = children_table(parents)
     deepest = int(depths(parents).max())
     node = torch.zeros(b, dtype=torch.int64, device=device)
-
-    def at(probs: torch.Tensor) -> torch.Tensor:  # each row's distribution at its current node
-        return probs[rows, node].to(torch.float64)
-
-    big_p, big_q = at(target_probs), at(draft_probs)
     path = torch.full((b, deepest), PAD, dtype=torch.int64, device=device)
-    token = torch.full((b,), PAD, dtype=torch.int64, device=device)
     active = torch.ones(b, dtype=torch.bool, device=device)
+    v = target_probs.shape[-1]
+    # The running P and Q of a row exist only once it has rejected a child at its current node
+    # ("dirty"): until then they are the node's p and q, read in place (a chain view's rows then
+    # cost a gather per draft, as the chain reference does, not a V-long row).
+    big_p = torch.zeros((b, v), dtype=torch.float64, device=device)
+    big_q = torch.zeros((b, v), dtype=torch.float64, device=device)
+    extra = torch.zeros((b, v), dtype=torch.float64, device=device)  # each row's extra-token weights
+    extra_u = torch.zeros(b, dtype=torch.float64, device=device)  # and its uniform, drawn at its depth
     for depth in range(deepest + 1):
         accepted = torch.full((b,), PAD, dtype=torch.int64, device=device)
+        dirty = torch.zeros(b, dtype=torch.bool, device=device)
         for rank in range(children.shape[2]):
             u = torch.rand(b, generator=generator, device=device, dtype=torch.float64)
-            child = children[rows, node, rank]
-            trying = active & (accepted < 0) & (child >= 0)
-            if not bool(trying.any()):
+            child = children[torch.arange(b, device=device), node, rank]
+            trying = (active & (accepted < 0) & (child >= 0)).nonzero().squeeze(1)
+            if trying.numel() == 0:
                 continue  # the uniform is drawn all the same: the stream does not depend on the data
-            x = draft_token_ids[rows, child.clamp_min(0)].unsqueeze(1)
-            px = big_p.gather(1, x).squeeze(1)
+            at_node = node[trying]
+            x = draft_token_ids[trying, child[trying]]
+            seen = dirty[trying]
+            px = torch.where(seen, big_p[trying, x], target_probs[trying, at_node, x].double())
             if drafting == "top-k":
-                accept = trying & (u < px)
-                residual = big_p.scatter(1, x, 0.0)
-                new_q = big_q
+                accept = u[trying] < px
             else:
-                accept = trying & (u * big_q.gather(1, x).squeeze(1) < px)
-                residual = (big_p - big_q).clamp_min(0)
-                new_q = normalised(big_q.scatter(1, x, 0.0), big_q) if drafting == "without-replacement" else big_q
-            accepted = torch.where(accept, child, accepted)
-            rejected = (trying & ~accept).unsqueeze(1)
-            big_p = torch.where(rejected, normalised(residual, big_p), big_p)
-            big_q = torch.where(rejected, new_q, big_q)
+                qx = torch.where(seen, big_q[trying, x], draft_probs[trying, at_node, x].double())
+                accept = u[trying] * qx < px
+            accepted[trying[accept]] = child[trying[accept]]
+            rejected = trying[~accept]
+            if rejected.numel() == 0:
+                continue
+            x, seen, at_node = x[~accept].unsqueeze(1), seen[~accept].unsqueeze(1), at_node[~accept]
+            p_rows = torch.where(seen, big_p[rejected], target_probs[rejected, at_node].double())
+            q_rows = torch.where(seen, big_q[rejected], draft_probs[rejected, at_node].double())
+            if drafting == "top-k":
+                big_p[rejected] = normalised(p_rows.scatter(1, x, 0.0), p_rows)
+            else:
+                big_p[rejected] = normalised((p_rows - q_rows).clamp_min(0), p_rows)
+                if drafting == "without-replacement":
+                    q_rows = normalised(q_rows.scatter(1, x, 0.0), q_rows)
+            big_q[rejected] = q_rows
+            dirty[rejected] = True
         u = torch.rand(b, generator=generator, device=device, dtype=torch.float64)
         stops = active & (accepted < 0)
-        token = torch.where(stops, inverse_cdf_blocked(big_p, u), token)
+        stopping = stops.nonzero().squeeze(1)
+        if stopping.numel():  # the correction from P, or the bonus from p at a node without children
+            seen = dirty[stopping].unsqueeze(1)
+            extra[stopping] = torch.where(seen, big_p[stopping], target_probs[stopping, node[stopping]].double())
+            extra_u[stopping] = u[stopping]
         active &= ~stops
         if depth < deepest:
             path[:, depth] = torch.where(active, accepted, PAD)
         node = torch.where(active, accepted, node)
-        big_p, big_q = at(target_probs), at(draft_probs)
-    return path, token
+    return path, inverse_cdf_blocked(extra, extra_u)  # one draw per row, as if made at its depth
 
 
 class TreeReference:

@@ -24,7 +24,14 @@ from spectest import rules
 from spectest.cases.settings import profile_for_budget
 from spectest.engine.checks import DistributionCheck
 from spectest.engine.stats import FitResult
-from spectest.protocol import ContractViolation, Model, call_propose, call_verify, call_verify_logits
+from spectest.protocol import (
+    BLOCK_VERIFICATION,
+    ContractViolation,
+    Model,
+    call_propose,
+    call_verify,
+    call_verify_logits,
+)
 from spectest.sampling import make_generator
 from spectest.sampling_params import SamplingParams
 from spectest.session import RECORD_KEY, SpecSession, examples_for, missing_capabilities
@@ -100,6 +107,7 @@ class PropertyRun:
         # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
         # A top-k tree model's chain view hands it one-hot drafts: not the chain's standard rule.
         self.tree_standard = "standard-rejection" in model.capabilities
+        self.block = BLOCK_VERIFICATION in model.capabilities  # held to the block model instead
         self.standard = self.tree_standard and not (
             getattr(model.verify, "spectest_chain_view", False) and model.tree_drafting == "top-k"
         )
