@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from spectest.implementations.block import BLOCK
 from spectest.implementations.reference import REFERENCE, ReferenceSampler
 from spectest.implementations.reference import verify as reference_verify
 from spectest.protocol import PAD
@@ -100,3 +101,5 @@ class ProposeWithChainVerify:
 one_hot_draft_logits = OneHotDraftLogits()
 min_p_first = MinPFirst()
 propose_with_chain_verify = ProposeWithChainVerify()
+# The registered block verifier under a name that no other model's id contains (-k selects by substring).
+block_verification = BLOCK
