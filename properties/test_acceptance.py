@@ -168,7 +168,8 @@ def test_accepts_at_least_as_many_tokens_as_token_wise(spec) -> None:
             p_value >= spec.alpha,
             rules.AT_LEAST_TOKEN_WISE,
             f"{measured:.4f} tokens per call over {calls} calls, token-wise verification gives {expected:.4f} on the "
-            f"same inputs: a deficit of {deficit:.4f} tokens (Hoeffding p <= {p_value:.3g} < {spec.alpha:.2g}); {case}",
+            f"same inputs: a deficit of {deficit:.4f} tokens (Hoeffding p <= {p_value:.3g} < {spec.alpha:.2g}; these calls "
+            f"detect a deficit of {spec.session.tolerance * k:.3g} tokens with probability >= {1 - spec.alpha:.6g}); {case}",
         )
 
     spec.given(CALLS.chain_cases(), body, explicit=[FAR_DRAFTS])
