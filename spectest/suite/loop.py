@@ -37,6 +37,17 @@ def as_tensor(table: MarkovChain, *, device: torch.device, dtype: torch.dtype) -
 VerifyCall = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 
 
+def unfinished(
+    tokens: torch.Tensor, lengths: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The rows still short of ``length`` tokens, how many each holds and its last token; None when all are done."""
+    active = (lengths < length).nonzero().squeeze(1)
+    if active.numel() == 0:
+        return None
+    filled = lengths[active]
+    return active, filled, tokens[active, (filled - 1).clamp_min(0)]
+
+
 def generate(
     model: Model | VerifyCall,
     target: MarkovChain,
@@ -69,12 +80,8 @@ def generate(
         if initial_contexts is None
         else initial_contexts.to(device)
     )
-    while True:
-        active = (lengths < length).nonzero().squeeze(1)
-        if active.numel() == 0:
-            break
-        filled = lengths[active]
-        last = tokens[active, (filled - 1).clamp_min(0)]
+    while (rows := unfinished(tokens, lengths, length)) is not None:
+        active, filled, last = rows
         context = torch.where(filled > 0, last, first[active])
         pass_contexts.append(context)
         pass_rows.append(active)
@@ -135,22 +142,18 @@ def generate_tree(
     accepted path's tokens and the extra token."""
     device = parents.device
     shapes = parents.shape[0]
-    deepest = int(depths(parents).max())
+    shape_depths = depths(parents)
+    deepest = int(shape_depths.max())
     tables = {
         side: torch.as_tensor(chain.table, dtype=torch.float64, device=device)
         for side, chain in (("target", target), ("draft", draft))
     }
     typed = {(side, dtype): table.to(dtype) for side, table in tables.items()}
-    shape_depths = depths(parents)
     tokens = torch.full((n_sequences, length + deepest + 1), PAD, dtype=torch.int64, device=device)
     lengths = torch.zeros(n_sequences, dtype=torch.int64, device=device)
     passes = 0
-    while True:
-        active = (lengths < length).nonzero().squeeze(1)
-        if active.numel() == 0:
-            break
-        filled = lengths[active]
-        last = tokens[active, (filled - 1).clamp_min(0)]
+    while (rows := unfinished(tokens, lengths, length)) is not None:
+        active, filled, last = rows
         a = active.numel()
 
         model = TreeModel(
