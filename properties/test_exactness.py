@@ -38,6 +38,7 @@ def test_sequences_follow_the_target(spec) -> None:
             rules.JOINT,
             probs[None, :],
             case_seed=case.seed,
+            tokens=case.length,
             min_draws=1000,
             max_draws=MAX_SEQUENCES,
             cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",

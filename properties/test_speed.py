@@ -43,6 +43,12 @@ def test_measured_speedup_follows_the_model(spec) -> None:
             f"{spec.model.name} is a tree verifier: the chain speed model does not describe a tree's pass "
             "(its chain view is held to exactness only)"
         )
+    if spec.lossy:
+        pytest.skip(
+            f"{spec.model.name} runs in lossy mode: the speed model predicts a pass from standard rejection "
+            "sampling's acceptance, and a lossy rule accepts at its own rate (its tokens per call are reported "
+            "beside its measured TV)"
+        )
     config = BenchConfig(device=str(spec.device), seed=spec.session.seed % 1000)
     bench = SpeedBench(spec.model, reference_model(), config, MIXES, timeout=spec.session.timeout)
     spread = bench.timing_spread()

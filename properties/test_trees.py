@@ -274,6 +274,7 @@ def test_tree_sequences_follow_the_target(spec) -> None:
             rules.TREE_JOINT,
             probs[None, :],
             case_seed=case.seed,
+            tokens=case.length,
             min_draws=1000,
             max_draws=MAX_SEQUENCES,
             cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",

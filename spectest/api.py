@@ -15,13 +15,15 @@ def check_verifier(
     device: str = "cpu",
     seed: int | None = None,
     budget: str = "default",
+    max_tv: float | None = None,
     pytest_args: Sequence[str] = (),
     raise_on_failure: bool = True,
 ) -> int:
     """Run the whole property suite against ``verify`` (a callable or an object with ``verify``).
 
     Returns pytest's exit code; raises AssertionError on failures unless ``raise_on_failure`` is
-    false. Extra ``pytest_args`` (``-x``, ``-k ...``) pass through. The object is registered under
+    false. ``max_tv``: lossy mode (``--spec-max-tv``): output checks measure TV and fail only above
+    it per token. Extra ``pytest_args`` (``-x``, ``-k ...``) pass through. The object is registered under
     ``name`` for this process and the run resolves it like any ``--spec-model`` name.
     """
     import importlib.util
@@ -33,6 +35,7 @@ def check_verifier(
         with registered(label, verify):
             args = ["--spec-model", label, "--spec-device", device, "--spec-budget", budget, "-p", "no:cacheprovider"]
             args += ["--spec-seed", str(seed)] if seed is not None else []
+            args += ["--spec-max-tv", repr(float(max_tv))] if max_tv is not None else []
             # The object lives in this process: no xdist workers, whatever the configuration says.
             args += ["-n", "0"] if importlib.util.find_spec("xdist") else []
             code = int(pytest.main([*args, *pytest_args]))

@@ -139,6 +139,14 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"default": None, "metavar": "TV"},
     ),
     (
+        "--spec-max-tv",
+        "spec_max_tv",
+        "lossy mode for every model: measure the TV distance of each output-distribution check with a "
+        "simultaneous confidence interval and fail only when its lower end exceeds TV per emitted token "
+        "(exact rules still hold; default: exact, unless a model declares spectest_max_tv or spectest_lossy)",
+        {"default": None, "metavar": "TV"},
+    ),
+    (
         "--spec-report",
         "spec_report",
         "write results.json, report.html and summary.md (plus plots) into this directory",

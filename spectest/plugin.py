@@ -109,7 +109,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     for model in session.models:
         caps = f" [{', '.join(sorted(model.capabilities))}]" if model.capabilities else ""
         skip = f" (unavailable: {model.unavailable})" if model.unavailable else ""
-        described.append(f"{model.name}{caps}{skip}")
+        limit = session.max_tv_for(model)
+        lossy = (
+            ""
+            if limit is None
+            else f" (lossy: TV measured, {'limit ' + format(limit, 'g') + ' per token' if limit < 1 else 'no limit'})"
+        )
+        described.append(f"{model.name}{caps}{lossy}{skip}")
     return [
         f"spectest: models: {', '.join(described)}",
         f"spectest: device: {session.device}, seed: {session.seed} (replay with --spec-seed {session.seed}), "

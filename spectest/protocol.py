@@ -29,6 +29,12 @@ certain acceptance), ``block-verification`` (Sun et al. 2024: held to the block 
 model and to accepting at least as many tokens as token-wise verification) and ``per-row-seeds`` (a row with a seed gives the same output whatever
 else is in the batch). ``spectest_filter_order`` (default top_k, top_p, min_p) and
 ``spectest_sampling_params`` (default all four) say how and which parameters a model applies.
+
+Lossy schemes (typical acceptance, relaxed top-k) declare ``spectest_max_tv = TV`` (the largest
+total variation distance per emitted token they promise) or ``spectest_lossy = True`` (no promise:
+measure and report only). Their output-distribution checks then measure the TV distance with a
+confidence interval instead of testing exactness (``--spec-max-tv`` does the same for any model);
+every exact rule still holds.
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class Model:
     sampling_params: tuple[str, ...] = PARAMETERS
     # Why it cannot run here (an adapter whose package or GPU is missing); its properties skip.
     unavailable: str | None = None
+    # Lossy mode: the declared maximum TV per emitted token (1.0: lossy, measured only); None: exact.
+    max_tv: float | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -137,6 +145,7 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
     unavailable = getattr(obj, "spectest_unavailable", None)
     return Model(
+        max_tv=declared_max_tv(name, declared("spectest_max_tv"), declared("spectest_lossy")),
         name=name,
         unavailable=unavailable() if callable(unavailable) else unavailable,
         verify=verify,
@@ -149,6 +158,20 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         filter_order=order,
         sampling_params=supported,
     )
+
+
+def declared_max_tv(name: str, max_tv: Any, lossy: Any) -> float | None:
+    """The lossy-mode limit a model declares: its ``spectest_max_tv``, 1.0 for a bare
+    ``spectest_lossy = True``, None (exact) otherwise."""
+    if max_tv is None:
+        return 1.0 if lossy else None
+    try:
+        value = float(max_tv)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: spectest_max_tv must be a number in [0, 1], got {max_tv!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}: spectest_max_tv must lie in [0, 1], got {value!r}")
+    return value
 
 
 def describe_inputs(draft_token_ids: torch.Tensor, target_probs: torch.Tensor) -> str:

@@ -52,3 +52,8 @@ TREE_JOINT = "joint sequence distribution through tree passes"
 TREE_TOKENS_PER_PASS = "accepted depth per tree pass, per row, against the exact tree model"
 BLOCK_TOKENS_PER_CALL = "tokens emitted per call, against the exact block-verification model"
 AT_LEAST_TOKEN_WISE = "accepts at least as many tokens per call as token-wise verification"
+
+# Lossy mode (spectest.engine.tv): these checks compare the output with the target; for a model
+# that declares a maximum TV they measure the distance instead of testing exactness.
+OUTPUT_DISTRIBUTIONS = frozenset({JOINT, PER_POSITION, BONUS, PER_NODE, TREE_JOINT})
+WITHIN_MAX_TV = "output stays within the declared maximum TV distance of the target"

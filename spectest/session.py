@@ -75,6 +75,7 @@ class SpecSession:
     shrink: bool
     run_seconds: float = DEFAULT_RUN_SECONDS
     property_seconds: float | None = None
+    max_tv: float | None = None  # --spec-max-tv: lossy mode for every model
     report_dir: str | None = None
     results_path: str | None = None
     models: list[Model] = field(default_factory=list)
@@ -108,6 +109,7 @@ class SpecSession:
             timeout=parse("spec_timeout", options.positive_seconds, DEFAULT_TIMEOUT_S),
             run_seconds=parse("spec_run_seconds", options.positive_seconds, DEFAULT_RUN_SECONDS),
             property_seconds=parse("spec_property_seconds", options.positive_seconds, None),
+            max_tv=parse("spec_max_tv", options.unit_interval, None),
             shrink=not value("spec_no_shrink"),
             report_dir=value("spec_report"),
             results_path=value("spec_results"),
@@ -128,6 +130,10 @@ class SpecSession:
             limits.append(self.property_seconds)
         return min(limits) if limits else None
 
+    def max_tv_for(self, model: Model) -> float | None:
+        """Lossy-mode limit per emitted token for ``model``: --spec-max-tv, else its declaration; None: exact."""
+        return self.max_tv if self.max_tv is not None else model.max_tv
+
     def replay_command(self, model: Model, test_name: str) -> str:
         parts = ["pytest", "--spec-model", model.source, "--spec-seed", str(self.seed)]
         if self.device != "cpu":
@@ -142,6 +148,8 @@ class SpecSession:
             parts += ["--spec-run-seconds", repr(self.run_seconds)]
         if self.property_seconds is not None:
             parts += ["--spec-property-seconds", repr(self.property_seconds)]
+        if self.max_tv is not None:
+            parts += ["--spec-max-tv", repr(self.max_tv)]
         parts += ["-k", test_name]
         return shlex.join(parts)
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
+from spectest.reporting import plots
+from spectest.reporting.results import RESULTS_SCHEMA
+from spectest.rules import WITHIN_MAX_TV
 from tests import matrix
 from tests.runner_helpers import Run, run_pytest
 
@@ -235,7 +239,7 @@ def test_slow_verifiers_pass_every_exactness_property(tmp_path):
     assert len(run.results) == len(NOT_SPEED_PROPERTIES) * len(slow)
 
 
-SEEDS = 3
+SEEDS = 2
 
 
 @pytest.mark.slow
@@ -258,3 +262,69 @@ def test_tree_references_pass_every_tree_and_chain_property(tmp_path):
     run = run_pytest([*args, "-n", "2", "--spec-budget", "quick", "-k", selection(pairs)], tmp_path, timeout=1800)
     assert_all_as_expected(run, TREES)
     assert len(run.results) == len(TREES) * len(CHAIN_PROPERTIES), run.output[-3000:]
+
+
+LOSSY_PROPERTIES = [
+    "test_sequences_follow_the_target",
+    "test_every_row_and_position_is_exact",
+    "test_all_accepted_then_bonus_from_its_own_row",
+    "test_rejection_discards_every_later_position",
+    "test_inputs_are_not_modified",
+]
+
+# Lossy mode plans 4000 draws per output check; 10 s of implementation time per model keeps this
+# test near 30 s (a time-limited check is still valid, and the overclaim is 5x its limit).
+LOSSY_LIMITS = ["--spec-budget", "quick", "--spec-run-seconds", "10", "--spec-no-shrink", "-n", "0"]
+
+
+def test_lossy_mode_measures_loss_and_fails_only_beyond_the_declared_maximum(tmp_path):
+    """Declared lossy (typical-acceptance) passes the exact rules and has its TV measured; one
+    declaring less loss than it has fails by the measured-TV rule; --spec-max-tv puts any model in
+    lossy mode: relaxed top-k fails a limit of 0.02 per token, the exact reference passes it."""
+    overclaiming = f"{VERIFIERS / 'lossy.py'}:overclaiming_typical"
+    run = run_pytest(
+        [
+            "--spec-model",
+            "typical-acceptance",
+            "--spec-model",
+            overclaiming,
+            *LOSSY_LIMITS,
+            "-k",
+            " or ".join(LOSSY_PROPERTIES),
+        ],
+        tmp_path,
+    )
+    assert_no_crash(run)
+    for prop in LOSSY_PROPERTIES:
+        assert run.results[("typical-acceptance", prop)].outcome == "passed", run.output[-3000:]
+    for prop in ("test_every_row_and_position_is_exact", "test_sequences_follow_the_target"):
+        outcome = run.results[("lossy.py:overclaiming_typical", prop)]
+        assert outcome.outcome == "failed" and outcome.failure == {"kind": "statistical", "rule": WITHIN_MAX_TV}, (
+            outcome.text[-2000:]
+        )
+    measured = [c["measured"] for c in run.document["checks"] if c["model"] == "typical-acceptance"]
+    assert measured and all(m and m["limit"] >= 1.0 for m in measured)
+    assert any(f.get("measured_tv") for f in run.document["figures"])
+    jsonschema.validate(run.document, RESULTS_SCHEMA)
+    assert plots.loss_against_speed(run.document["figures"]).startswith(b"\x89PNG")
+
+    forced = tmp_path / "forced"
+    forced.mkdir()
+    run = run_pytest(
+        [
+            "--spec-model",
+            "reference",
+            "--spec-model",
+            "relaxed-topk",
+            "--spec-max-tv",
+            "0.02",
+            *LOSSY_LIMITS,
+            "-k",
+            "test_every_row_and_position_is_exact",
+        ],
+        forced,
+    )
+    assert run.results[("reference", "test_every_row_and_position_is_exact")].outcome == "passed", run.output[-3000:]
+    outcome = run.results[("relaxed-topk", "test_every_row_and_position_is_exact")]
+    assert outcome.failure == {"kind": "statistical", "rule": WITHIN_MAX_TV}, outcome.text[-2000:]
+    assert "limit 0.02" in outcome.text and "--spec-max-tv 0.02" in outcome.text

@@ -26,8 +26,12 @@ from scipy.special import logsumexp
 
 from spectest.engine.sequential import MixtureEProcess
 from spectest.engine.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
+from spectest.engine.tv import measure_tv
 from spectest.speed.clock import Ledger
 
+# Lossy mode: a TV interval per group needs many draws in each group, not only the few a pooled
+# exactness test needs; measured checks plan at least this many (the time budget still caps them).
+MEASURED_DRAWS = 4000
 SEQUENTIAL_SHARE = 0.5  # fraction of a check's alpha spent on early stopping
 FIRST_BATCH = 256
 
@@ -64,14 +68,18 @@ class DistributionCheck:
         time_budget: float | None = None,
         spent: Callable[[], float] | None = None,
         ledger: Ledger | None = None,
+        measured: tuple[float, int] | None = None,
     ) -> None:
         """``probs`` [G, C]: exact probabilities of each group's cells; ``reach`` [G]: expected
         samples per group per draw (1 if every draw lands in every group); ``views``: pooling
-        orders by name (default: by probability, and by token id); ``time_budget``: seconds of
+        orders by name (default: by probability, and by token id); ``measured``: (limit, tokens per
+        cell) for lossy mode, where the check runs to its plan and the TV interval decides
+        (spectest.engine.tv); ``time_budget``: seconds of
         the implementation's own time (``spent()``, cumulative) after which the check concludes
         with the draws it has (at least ``min_draws``). Time does not depend on the counts, so
         stopping on it keeps the fixed test valid; ``ledger`` accounts the statistics' own time."""
         self.ledger = ledger
+        self.measured = measured
         self.time_budget = time_budget or None
         self.spent = spent or time.perf_counter
         self.started = self.spent()
@@ -99,6 +107,8 @@ class DistributionCheck:
                 min_draws=min_draws,
                 max_draws=max_draws,
             )
+            if measured is not None:
+                self.planned = max(self.planned, min(max_draws, MEASURED_DRAWS))
             self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
         self.counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
@@ -167,7 +177,8 @@ class DistributionCheck:
 
     @property
     def rejected_early(self) -> bool:
-        return self.log_e >= math.log(1 / self.alpha_sequential)
+        """The e-process tests exactness: in lossy mode it reports but never stops the check."""
+        return self.measured is None and self.log_e >= math.log(1 / self.alpha_sequential)
 
     @property
     def out_of_time(self) -> bool:
@@ -214,6 +225,17 @@ class DistributionCheck:
         fit.draws = self.draws
         fit.tolerance = self.tolerance
         fit.time_limited = self.draws < self.planned and not self.rejected_early
+        if self.measured is not None:
+            limit, tokens = self.measured
+            fit.measured = measure_tv(
+                self.counts,
+                self.probs,
+                [view.bin_index for view in self.views],
+                alpha=self.alpha,
+                limit=limit,
+                labels=self.labels,
+                tokens=tokens,
+            )
         if self.rejected_early:
             fit.stopped_early = True
             fit.method = "sequential"

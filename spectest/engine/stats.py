@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
+from spectest.engine.tv import MeasuredTV
+
 DEFAULT_POWER = 0.99
 MIN_EXPECTED = 10.0  # per pooled cell: keeps Pearson's tail close to chi-square at small alpha
 CI_LEVEL = 0.95  # simultaneous level of the TV interval in failure messages
@@ -120,9 +122,12 @@ class FitResult:
     draws: int | None = None
     tolerance: float | None = None
     time_limited: bool = False  # concluded at the time budget, before the planned draws
+    measured: MeasuredTV | None = None  # lossy mode: the TV interval decides, not the exactness test
 
     @property
     def passed(self) -> bool:
+        if self.measured is not None:
+            return self.measured.passed
         return not self.stopped_early and self.p_value >= self.alpha
 
     def summary(self) -> str:
@@ -138,13 +143,16 @@ class FitResult:
                 f"(alpha={self.alpha:.2g}), G={self.g_statistic:.1f} (p={self.g_p_value:.3g}), n={self.n}"
             )
         low, high = self.tv_interval
-        lines = [
-            head,
-            f"  estimated TV distance to the target {self.observed_tv:.4f} "
-            f"({CI_LEVEL:.0%} simultaneous interval [{low:.4f}, {high:.4f}]; binned, n-weighted over groups)",
-            f"  minimum detectable TV at power {DEFAULT_POWER}: {self.min_detectable_tv:.4f}"
-            + (f" (tolerance asked: {self.tolerance:g})" if self.tolerance else ""),
-        ]
+        if self.measured is not None:  # lossy mode: the exactness test above is reported, the interval decides
+            lines = [head + " (reported only: lossy mode)", self.measured.summary()]
+        else:
+            lines = [
+                head,
+                f"  estimated TV distance to the target {self.observed_tv:.4f} "
+                f"({CI_LEVEL:.0%} simultaneous interval [{low:.4f}, {high:.4f}]; binned, n-weighted over groups)",
+                f"  minimum detectable TV at power {DEFAULT_POWER}: {self.min_detectable_tv:.4f}"
+                + (f" (tolerance asked: {self.tolerance:g})" if self.tolerance else ""),
+            ]
         if self.time_limited:
             lines.append(
                 f"  time-limited: {self.draws} of {self.planned_draws} planned draws fit in --spec-property-seconds; "
@@ -177,6 +185,7 @@ class FitResult:
             "time_limited": self.time_limited,
             "passed": self.passed,
             "worst_cells": [list(cell) for cell in self.worst_cells],
+            "measured": self.measured.as_record() if self.measured is not None else None,
         }
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in record.items()}
 

@@ -109,6 +109,32 @@ def efficiency(figures: list[dict[str, Any]]) -> bytes | None:
     return _figure(draw, (7.0, 1.8 + 0.4 * len(models)))
 
 
+def loss_against_speed(figures: list[dict[str, Any]]) -> bytes | None:
+    """Lossy mode: each case's measured TV per position (mean over rows and positions, with its
+    simultaneous interval) against its tokens per call relative to standard rejection sampling."""
+    records = [f for f in figures if f.get("measured_tv") and f.get("optimal_tokens_per_call")]
+    if not records:
+        return None
+    models = sorted({f["model"] for f in records})
+
+    def draw(fig: Any, ax: Any) -> None:
+        for i, model in enumerate(models):
+            mine = [f for f in records if f["model"] == model]
+            x = [f["tokens_per_call"] / f["optimal_tokens_per_call"] for f in mine]
+            y = [f["measured_tv"]["mean_estimate"] for f in mine]
+            low = [max(0.0, v - f["measured_tv"]["mean_interval"][0]) for v, f in zip(y, mine, strict=True)]
+            high = [max(0.0, f["measured_tv"]["mean_interval"][1] - v) for v, f in zip(y, mine, strict=True)]
+            ax.errorbar(x, y, yerr=[low, high], fmt="o", color=f"C{i}", alpha=0.7, capsize=2, label=model)
+        ax.scatter([1.0], [0.0], marker="*", s=120, color="black", label="lossless, standard rejection sampling")
+        ax.set_xlabel("tokens per call / standard rejection sampling's on the same inputs")
+        ax.set_ylabel("TV distance to the target per position")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+        ax.set_title("TV lost against tokens per call bought (one point per case)")
+
+    return _figure(draw)
+
+
 def per_position_acceptance(figures: list[dict[str, Any]]) -> bytes | None:
     records = [f for f in figures if f.get("prefix_acceptance")]
     if not records:

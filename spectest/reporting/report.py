@@ -29,6 +29,7 @@ def _plots(document: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("Verdicts", plots.verdict_table(document["tests"])),
         ("Acceptance against the optimum", plots.efficiency(document["figures"])),
         ("Per-position acceptance against the optimum", plots.per_position_acceptance(document["figures"])),
+        ("Loss against speed (lossy mode)", plots.loss_against_speed(document["figures"])),
         ("Tokens per pass against the model", plots.tokens_per_pass(document["figures"])),
         ("Speedup against acceptance", plots.speedup_curve(document["figures"])),
         ("Break-even acceptance", plots.break_even_table()),

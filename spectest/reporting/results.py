@@ -5,7 +5,8 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
 * ``schema``: "spectest.results/1"
 * ``environment``: package versions, torch and CUDA versions, device name, git commit (null when
   not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601),
-  ``models`` [{name, source, capabilities, filter_order, sampling_params}]
+  ``models`` [{name, source, capabilities, filter_order, sampling_params, unavailable, max_tv}]
+  (``max_tv``: the declared lossy-mode limit per token, 1.0 for lossy without one, null for exact)
 * ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
   (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated),
   ``failure`` (null unless failed: ``kind`` "rule" (an exact rule, named in ``rule``),
@@ -15,9 +16,12 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
   ``passed``, ``statistic``, ``df``, ``p_value``, ``g_statistic``, ``log_e_value``, ``alpha``,
   ``n``, ``observed_tv``, ``tv_interval`` [low, high], ``min_detectable_tv``, ``tolerance``,
   ``planned_draws``, ``draws``, ``stopped_early``, ``worst_cells`` [[label, expected, observed]],
-  ``seed``, ``duration_s``, ``context``
-* ``figures``: records that are reported, not judged: acceptance ``efficiency`` per case and the
-  speed sweep (``speed_points``, ``break_even_predicted``, ``break_even_measured``)
+  ``seed``, ``duration_s``, ``context``, ``measured`` (null unless the check ran in lossy mode:
+  {``limit``, ``tokens``, ``alpha``, ``mean_estimate``, ``mean_interval``, ``worst_interval``,
+  ``worst_group``, ``groups``, ``passed``}, see spectest.engine.tv)
+* ``figures``: records that are reported, not judged: acceptance ``efficiency`` per case, the
+  speed sweep (``speed_points``, ``break_even_predicted``, ``break_even_measured``) and, in lossy
+  mode, each per-position case's ``tokens_per_call``, ``optimal_tokens_per_call`` and ``measured_tv``
 
 The plugin writes it atomically (temporary file, then rename) once per run, on the pytest-xdist
 controller only; every record reaches the controller inside the test reports.
@@ -176,6 +180,7 @@ def describe_model(model: Any) -> dict[str, Any]:
         "filter_order": list(model.filter_order),
         "sampling_params": list(model.sampling_params),
         "unavailable": model.unavailable,
+        "max_tv": model.max_tv,  # declared lossy-mode limit per token (1.0: lossy, no limit); None: exact
     }
 
 

@@ -16,6 +16,25 @@ def figures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") == "figure"]
 
 
+def lossy_lines(session: SpecSession) -> list[str]:
+    """Per lossy model: the TV it showed per position and the tokens per call it bought."""
+    lines = []
+    for model in session.checks_per_model:
+        cases = [r for r in figures(session.records) if r["model"] == model and r.get("measured_tv")]
+        if not cases:
+            continue
+        tv = [r["measured_tv"]["mean_estimate"] for r in cases]
+        speed = [r["tokens_per_call"] / r["optimal_tokens_per_call"] for r in cases]
+        worst = max(cases, key=lambda r: r["measured_tv"]["worst_interval"][0])["measured_tv"]
+        lines.append(
+            f"{model}: lossy: TV to the target per position, mean over rows and positions: median {statistics.median(tv):.3f} "
+            f"over {len(cases)} cases (plug-in; worst group's simultaneous interval "
+            f"[{worst['worst_interval'][0]:.3f}, {worst['worst_interval'][1]:.3f}]); tokens per call x"
+            f"{statistics.median(speed):.3f} of standard rejection sampling's (median)"
+        )
+    return lines
+
+
 def summary_lines(session: SpecSession) -> list[str]:
     lines = session.split_lines()
     shown = figures(session.records)
@@ -27,6 +46,7 @@ def summary_lines(session: SpecSession) -> list[str]:
                 f"{statistics.median(efficiency):.3f} (min {min(efficiency):.3f}, max {max(efficiency):.3f}) over "
                 f"{len(efficiency)} cases"
             )
+    lines += lossy_lines(session)
     statistical = [r for r in checks(session.records) if r["df"] > 0]
     if statistical:
         failed = [r for r in statistical if not r["passed"]]

@@ -111,6 +111,8 @@ class PropertyRun:
         self.standard = self.tree_standard and not (
             getattr(model.verify, "spectest_chain_view", False) and model.tree_drafting == "top-k"
         )
+        # Lossy mode: the largest TV per emitted token this model may show (None: exact).
+        self.max_tv = session.max_tv_for(model)
         self.ledger = Ledger(cpu_time if self.device.type == "cpu" else OWN_CLOCK)
         share_cores_with_other_workers()
         self.checks_started = 0
@@ -121,8 +123,20 @@ class PropertyRun:
     def __repr__(self) -> str:
         return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
 
-    def distribution(self, name: str, probs: np.ndarray, *, case_seed: int = 0, **kwargs: Any) -> DistributionCheck:
-        """A distribution check at this run's per-check level and tolerance (see spectest.engine.checks)."""
+    @property
+    def lossy(self) -> bool:
+        return self.max_tv is not None
+
+    def distribution(
+        self, name: str, probs: np.ndarray, *, case_seed: int = 0, tokens: int = 1, **kwargs: Any
+    ) -> DistributionCheck:
+        """A distribution check at this run's per-check level and tolerance (see spectest.engine.checks).
+        In lossy mode an output-distribution check measures TV instead, its limit the model's
+        maximum per token times ``tokens``, the tokens each cell spans (TV of an L-token joint is
+        at most the sum of its L per-token distances)."""
+        measured = None
+        if self.max_tv is not None and name in rules.OUTPUT_DISTRIBUTIONS:
+            measured = (min(1.0, self.max_tv * tokens), tokens)
         return DistributionCheck(
             name,
             probs,
@@ -132,6 +146,7 @@ class PropertyRun:
             time_budget=self._check_budget(),
             spent=lambda: self.ledger.total("calls"),
             ledger=self.ledger,
+            measured=measured,
             **kwargs,
         )
 
@@ -299,6 +314,14 @@ class PropertyRun:
                 f"the implementation's own time in its calls reached this property's budget of {self.budget:.3g} s"
             )
         self.node.user_properties.append((RECORD_KEY, record))
+        if not result.passed and result.measured is not None:
+            raise StatisticalFailure(
+                f"[{self.model.name}] output is further from the target than its declared maximum TV ({context}).\n"
+                f"{result.summary()}\n"
+                f"A model within its maximum fails this check with probability {self.alpha:.2g}.\n"
+                f"replay: {self.replay}",
+                check=rules.WITHIN_MAX_TV,
+            )
         if not result.passed:
             raise StatisticalFailure(
                 f"[{self.model.name}] output is not distributed as the target ({context}).\n"
