@@ -20,7 +20,7 @@ import torch
 
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases.tensors import RepeatedBatch, to_tensor
+from spectest.cases.tensors import RepeatedBatch, as_given, to_tensor
 from spectest.cases.toy_models import target_distribution
 
 REJECTIONS = sst.CaseRanges(batch=(65, 512), max_elements=20_000_000)
@@ -103,17 +103,16 @@ def test_rejection_discards_every_later_position(spec) -> None:
                     f"({case})",
                 )
 
-    spec.given(
-        REJECTIONS.chain_cases(),
-        body,
-    )
+    spec.given(REJECTIONS.chain_cases(dtypes=spec.model.dtypes), body)
 
 
 @pytest.mark.spec_property(examples=6, checks=1)
 def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
     def body(case: sst.ChainCase) -> None:
         started = time.perf_counter()
-        target_np, draft_np = sst.build_chain(case)
+        built_target, built_draft = sst.build_chain(case)
+        target, target_np = as_given(built_target, device=spec.device, dtype=case.dtype)
+        draft, _ = as_given(built_draft, device=spec.device, dtype=case.dtype)
         b, k, v = case.batch, case.k, case.vocab
         per_rep = b * (2 * k + 1) * v
         check = spec.distribution(
@@ -125,10 +124,7 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
             labels=[f"row {r}: " for r in range(b)],
         )
         draft_gen, verify_gen = spec.generators(case.seed)
-        batch = RepeatedBatch(
-            to_tensor(target_np, device=spec.device, dtype=case.dtype),
-            to_tensor(draft_np, device=spec.device, dtype=case.dtype),
-        )
+        batch = RepeatedBatch(target, draft)
         while not check.done:
             reps = check.next_batch(max(1, MAX_CALL_ELEMENTS // per_rep))
             drafts, draft_probs, target_probs = batch.draw(reps, draft_gen)
@@ -152,7 +148,4 @@ def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
             spec.require_possible(check, lambda g, c: f"row {g} bonus token {c} (position K={k})", str(case))
         spec.conclude(check, context=f"bonus of {check.draws} all-accepted passes per row, {case}", started=started)
 
-    spec.given(
-        BONUSES.chain_cases(),
-        body,
-    )
+    spec.given(BONUSES.chain_cases(dtypes=spec.model.dtypes), body)

@@ -105,6 +105,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(SESSION, None)
     if session is None or not session.model_specs:
         return []
+    from spectest.protocol import DEFAULT_DTYPES
+
     described = []
     for model in session.models:
         caps = f" [{', '.join(sorted(model.capabilities))}]" if model.capabilities else ""
@@ -115,7 +117,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             if limit is None
             else f" (lossy: TV measured, {'limit ' + format(limit, 'g') + ' per token' if limit < 1 else 'no limit'})"
         )
-        described.append(f"{model.name}{caps}{lossy}{skip}")
+        dtypes = f" (dtypes {', '.join(model.dtypes)})" if model.dtypes != DEFAULT_DTYPES else ""
+        ties = f" (greedy ties: {model.tie_break})" if model.tie_break != "lowest-id" else ""
+        described.append(f"{model.name}{caps}{dtypes}{ties}{lossy}{skip}")
     return [
         f"spectest: models: {', '.join(described)}",
         f"spectest: device: {session.device}, seed: {session.seed} (replay with --spec-seed {session.seed}), "

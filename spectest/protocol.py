@@ -27,8 +27,16 @@ Optional capabilities, discovered from the model object (methods of the same nam
 and declared ones (attribute ``spectest_capabilities``): ``standard-rejection`` (p = q means
 certain acceptance), ``block-verification`` (Sun et al. 2024: held to the block tokens-per-pass
 model and to accepting at least as many tokens as token-wise verification) and ``per-row-seeds`` (a row with a seed gives the same output whatever
-else is in the batch). ``spectest_filter_order`` (default top_k, top_p, min_p) and
-``spectest_sampling_params`` (default all four) say how and which parameters a model applies.
+else is in the batch). ``strided-inputs`` is on unless a model declares ``spectest_contiguous_only``:
+then it gets contiguous tensors only (see spectest.cases.layouts). ``spectest_filter_order`` (default top_k, top_p, min_p) and
+``spectest_sampling_params`` (default all four) say how and which parameters a model applies;
+``spectest_tie_break`` how greedy rows break exact ties ("lowest-id", the default, or "any");
+``ragged-drafts``: rows may carry fewer than K drafts, marked as ``spectest_draft_padding``
+says: "lengths" (``verify(..., num_draft_tokens=n)``, int64 [B], vLLM's per-request counts) or
+"minus-one" (draft ids past a row's count are -1, FlashInfer's padding); draft and target rows
+past a row's count are padding, ``target_probs[r, n_r]`` is its bonus row, and it emits at most
+n_r + 1 tokens. ``spectest_dtypes`` the probability dtypes it accepts (default float32 and float64; add
+"bfloat16", "float16" for half precision, held to the distribution the half values define).
 
 Lossy schemes (typical acceptance, relaxed top-k) declare ``spectest_max_tv = TV`` (the largest
 total variation distance per emitted token they promise) or ``spectest_lossy = True`` (no promise:
@@ -62,7 +70,16 @@ PER_ROW_SEEDS = "per-row-seeds"
 STANDARD_REJECTION = "standard-rejection"
 BLOCK_VERIFICATION = "block-verification"
 TREE = "tree"  # verify_tree (spectest.tree_protocol)
+RAGGED = "ragged-drafts"  # rows with fewer than K drafts (spectest_draft_padding says how they are marked)
+DRAFT_PADDINGS = ("lengths", "minus-one")  # num_draft_tokens=[B] keyword (vLLM), or -1 draft ids (FlashInfer)
+STRIDED = "strided-inputs"  # takes non-contiguous views (on unless the model declares spectest_contiguous_only)
 TREE_DRAFTING = ("iid", "without-replacement", "top-k")
+# How greedy decoding breaks exact ties at the top logit (``spectest_tie_break``): the lowest id,
+# as torch.argmax does, or any of the tied tokens (a kernel whose reduction order varies).
+TIE_BREAKS = ("lowest-id", "any")
+# Probability dtypes a model accepts (``spectest_dtypes``); half precision only when declared.
+DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
+DEFAULT_DTYPES = ("float32", "float64")
 
 
 class Verifier(Protocol):
@@ -109,6 +126,9 @@ class Model:
     unavailable: str | None = None
     # Lossy mode: the declared maximum TV per emitted token (1.0: lossy, measured only); None: exact.
     max_tv: float | None = None
+    tie_break: str = "lowest-id"  # greedy rows' rule for exactly tied top logits (TIE_BREAKS)
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES  # probability dtypes the harness hands it (DTYPE_NAMES)
+    draft_padding: str = "lengths"  # how short rows are marked, with the ragged-drafts capability
 
     def __str__(self) -> str:
         return self.name
@@ -136,6 +156,7 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
     capabilities |= {LOGITS} if callable(verify_logits) else set()
     capabilities |= {PROPOSE} if callable(propose) else set()
     capabilities |= {TREE} if callable(verify_tree) else set()
+    capabilities |= set() if declared("spectest_contiguous_only") else {STRIDED}
     drafting = declared("spectest_tree_drafting")
     if callable(verify_tree) and drafting not in TREE_DRAFTING:
         raise ValueError(f"{name}: a verify_tree model must declare spectest_tree_drafting, one of {TREE_DRAFTING}")
@@ -144,7 +165,19 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
     if not set(supported) <= set(PARAMETERS) or "temperature" not in supported:
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
     unavailable = getattr(obj, "spectest_unavailable", None)
+    tie_break = declared("spectest_tie_break") or "lowest-id"
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"{name}: spectest_tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+    dtypes = tuple(declared("spectest_dtypes") or DEFAULT_DTYPES)
+    if not dtypes or not set(dtypes) <= set(DTYPE_NAMES):
+        raise ValueError(f"{name}: spectest_dtypes must be a non-empty subset of {DTYPE_NAMES}, got {dtypes!r}")
+    padding = declared("spectest_draft_padding") or "lengths"
+    if padding not in DRAFT_PADDINGS:
+        raise ValueError(f"{name}: spectest_draft_padding must be one of {DRAFT_PADDINGS}, got {padding!r}")
     return Model(
+        draft_padding=padding,
+        dtypes=dtypes,
+        tie_break=tie_break,
         max_tv=declared_max_tv(name, declared("spectest_max_tv"), declared("spectest_lossy")),
         name=name,
         unavailable=unavailable() if callable(unavailable) else unavailable,
@@ -214,15 +247,32 @@ def call_verify(
     generator: torch.Generator,
     *,
     timeout: float | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Call ``model`` and check every exact rule of the output; return the emitted ids."""
+    """Call ``model`` and check every exact rule of the output; return the emitted ids. With
+    ``num_draft_tokens`` [B] (a ragged-drafts model), short rows are marked as the model declares."""
     __tracebackhide__ = True
     inputs = describe_inputs(draft_token_ids, target_probs)
+    ids, extra = draft_token_ids, {}
+    if num_draft_tokens is not None:
+        inputs += ", ragged: rows carry 0..K drafts"
+        if model.draft_padding == "minus-one":
+            slots = torch_arange_like(draft_token_ids)
+            ids = draft_token_ids.masked_fill(slots >= num_draft_tokens.unsqueeze(1), PAD)
+        else:
+            extra = {"num_draft_tokens": num_draft_tokens}
     emitted = guarded_call(
-        model, "verify", inputs, timeout, model.verify, draft_token_ids, draft_probs, target_probs, generator=generator
+        model, "verify", inputs, timeout, model.verify, ids, draft_probs, target_probs, generator=generator, **extra
     )
-    check_emitted(model.name, emitted, draft_token_ids, target_probs.shape[-1], inputs)
+    check_emitted(model.name, emitted, draft_token_ids, target_probs.shape[-1], inputs, num_draft_tokens)
     return emitted
+
+
+def torch_arange_like(ids: torch.Tensor) -> torch.Tensor:
+    """[1, K] slot indices on ids' device."""
+    import torch
+
+    return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
 
 
 def guarded_call(
@@ -317,10 +367,18 @@ def call_propose(
     return tokens, probs
 
 
-def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab_size: int, inputs: str) -> None:
+def check_emitted(
+    model: str,
+    emitted: Any,
+    draft_token_ids: torch.Tensor,
+    vocab_size: int,
+    inputs: str,
+    num_draft_tokens: torch.Tensor | None = None,
+) -> None:
     """Exact structural rules: type, shape, dtype, device, id range, and the chain shape.
 
-    Each row must be: the first n-1 draft tokens, then one token, then -1 in every later slot.
+    Each row must be: the first n-1 draft tokens, then one token, then -1 in every later slot;
+    a row with ``num_draft_tokens`` n_r drafts emits at most n_r + 1 tokens.
     """
     __tracebackhide__ = True
     import torch
@@ -356,6 +414,17 @@ def check_emitted(model: str, emitted: Any, draft_token_ids: torch.Tensor, vocab
             rules.TOKENS_THEN_PADDING,
             f"row {row} is {emitted[row].tolist()} ({inputs})",
         )
+    if num_draft_tokens is not None:
+        over = n_emitted > num_draft_tokens + 1
+        if bool(over.any()):
+            row = int(over.nonzero()[0])
+            raise ContractViolation(
+                model,
+                rules.RAGGED_LENGTH,
+                f"row {row} carries {int(num_draft_tokens[row])} drafts but emitted {int(n_emitted[row])} tokens: "
+                f"{emitted[row].tolist()} (its drafts {draft_token_ids[row, : int(num_draft_tokens[row])].tolist()}; "
+                f"{inputs})",
+            )
     # Every token before the last emitted one must be the draft token at that slot.
     before_last = slots[:k].unsqueeze(0) < (n_emitted - 1).unsqueeze(1)
     mismatch = before_last & (emitted[:, :k] != draft_token_ids)

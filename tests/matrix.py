@@ -1,7 +1,7 @@
 """The property-by-bug matrix: which known-buggy verifier each property catches, and by which rule.
 
 Built from the declarations the meta-tests enforce (``BUGS`` in tests/verifiers/buggy.py,
-buggy_logits.py, slow.py, buggy_trees.py and buggy_block.py), printed in the README, and checked against it by
+buggy_logits.py, slow.py, buggy_trees.py, buggy_block.py and buggy_inputs.py), printed in the README, and checked against it by
 ``tests/test_meta.py``. Regenerate the README's copy with ``python -m tests.matrix``.
 """
 
@@ -17,6 +17,7 @@ END = "<!-- end of the property-by-bug matrix -->"
 PROPERTIES = [
     "test_sequences_follow_the_target",
     "test_every_row_and_position_is_exact",
+    "test_short_rows_emit_at_most_their_drafts_plus_one",
     "test_rejection_discards_every_later_position",
     "test_all_accepted_then_bonus_from_its_own_row",
     "test_same_generator_state_gives_same_output",
@@ -47,7 +48,7 @@ def load(file: str) -> ModuleType:
 def declarations() -> dict[str, dict[str, tuple[str, ...]]]:
     """ "file:bug" -> {property: the rules any of which may catch it}, over every known-buggy verifier."""
     out = {}
-    for file in ("buggy.py", "buggy_logits.py", "slow.py", "buggy_trees.py", "buggy_block.py"):
+    for file in ("buggy.py", "buggy_logits.py", "slow.py", "buggy_trees.py", "buggy_block.py", "buggy_inputs.py"):
         for bug, row in load(file).BUGS.items():
             out[f"{file}:{bug}"] = row
     return out
@@ -56,7 +57,7 @@ def declarations() -> dict[str, dict[str, tuple[str, ...]]]:
 def only_caught_by() -> dict[str, tuple[str, ...]]:
     """ "file:bug" -> the properties that alone catch it (every other property passes it)."""
     out = {}
-    for file in ("buggy.py", "slow.py", "buggy_block.py"):
+    for file in ("buggy.py", "slow.py", "buggy_block.py", "buggy_inputs.py"):
         module = load(file)
         for bug in module.ONLY:
             out[f"{file}:{bug}"] = tuple(module.BUGS[bug])

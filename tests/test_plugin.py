@@ -63,12 +63,12 @@ def test_header_names_models_device_and_seed_and_ini_works(pytester):
     result = pytester.runpytest_subprocess("--co")
     result.stdout.fnmatch_lines(
         [
-            "spectest: models: reference [[]logits, per-row-seeds, propose, standard-rejection[]]",
+            "spectest: models: reference [[]logits, per-row-seeds, propose, ragged-drafts, standard-rejection, strided-inputs[]]*",
             "spectest: device: cpu, seed: 1234*budget: quick, tolerance: TV 0.1",
         ]
     )
     result.stdout.fnmatch_lines(["*test_sequences_follow_the_target?reference?*"])
-    assert "19 tests collected" in result.stdout.str()
+    assert "20 tests collected" in result.stdout.str()
 
 
 def test_repeated_models_get_readable_ids(pytester):

@@ -198,3 +198,23 @@ def test_seeded_rows_replay_and_unseeded_rows_follow_the_generator():
     same = (first == second).all(dim=1).view(200, 8)
     assert bool(same[:, :4].all())  # seeded rows: identical, whatever the generator
     assert not bool(same[:, 4:].all())  # unseeded rows: they follow the generator, so some differ
+
+
+def test_greedy_with_any_tie_accepts_every_tied_choice_and_nothing_else():
+    """The "any" tie-break rule of the greedy property, on a hand-made pass: top tokens tied at
+    every position (tokens 1 and 2), K = 2."""
+    from spectest.properties.test_sampling_params import greedy_with_any_tie
+
+    tied = np.zeros((1, 3, 4), dtype=bool)
+    tied[0, :, 1:3] = True
+    drafts = np.array([[1, 3]])
+    passes = {
+        (1, 2, -1): True,  # draft 1 kept (tied top), then another top token instead of draft 3
+        (2, -1, -1): True,  # draft 1 not kept: the other tied top token instead
+        (1, 1, -1): True,
+        (1, 3, -1): False,  # draft 3 is not a top token: it may not come out
+        (0, -1, -1): False,  # not a top token
+        (1, -1, -1): False,  # equal to the draft: a greedy verifier would have kept it and gone on
+    }
+    for tokens, ok in passes.items():
+        assert greedy_with_any_tie(drafts, np.array([tokens]), tied)[0] == ok, tokens

@@ -22,6 +22,7 @@ class ChainCase:
     kinds: tuple[tuple[str, str], ...]
     seed: int
     dtype: str = "float32"
+    layout: str = "contiguous"  # how the inputs lie in memory (spectest.cases.layouts)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ def chain_cases(
     vocab: st.SearchStrategy[int] | None = None,
     dtypes: tuple[str, ...] = ("float32", "float64"),
     max_elements: int | None = None,
+    layouts: tuple[str, ...] = ("contiguous",),
 ) -> ChainCase:
     """A case; with ``max_elements``, B then K are cut so that B * (2K + 1) * V fits (large V
     comes with small B and K, large B with small V: every extreme is reachable, none at once)."""
@@ -62,6 +64,7 @@ def chain_cases(
         kinds=tuple(draw(st.lists(kind_pairs(), min_size=1, max_size=4))),
         seed=draw(seeds()),
         dtype=draw(st.sampled_from(dtypes)),
+        layout=draw(st.sampled_from(layouts)),
     )
 
 

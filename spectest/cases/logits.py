@@ -22,7 +22,7 @@ from spectest.protocol import DEFAULT_ORDER, PARAMETERS
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
 # Distances from decision boundaries that float32 implementations resolve like float64 ones.
-ARGMAX_GAP = 1e-3  # logits: top-1 minus top-2
+ARGMAX_GAP = 1e-3  # logits: the top logit (exact ties allowed) minus the next one below it
 TOP_K_GAP = 1e-4  # relative, between the k-th and (k+1)-th probability
 TOP_P_GAP = 2e-4  # absolute, between top_p and any cumulative sum
 MIN_P_GAP = 1e-3  # relative, between min_p and any probability / top probability
@@ -41,6 +41,7 @@ class LogitsCase:
     filter_share: float = 0.5
     masked_share: float = 0.3  # rows whose target forbids tokens (logit -inf)
     scale: float = 2.0  # logit spread: larger means peakier distributions
+    tie_share: float = 0.0  # rows whose target logits tie exactly at the top (as bf16 logits often do)
     seeded: bool = False  # give every row its own seed (per-row-seeds capability)
     # "random": each filter on with probability filter_share; "one each": row r uses only
     # filter r mod 3 (so a bug in one filter moves whole rows, not a slice of a pooled test).
@@ -68,6 +69,7 @@ def logits_cases(
         masked_share=draw(st.sampled_from((0.0, 0.3))),
         scale=draw(st.sampled_from((0.5, 2.0, 5.0))),
         seeded=seeded,
+        tie_share=draw(st.sampled_from((0.0, 0.5))),
     )
 
 
@@ -98,6 +100,10 @@ def _row_logits(rng: np.random.Generator, case: LogitsCase) -> tuple[np.ndarray,
         masked = rng.random((k + 1, v)) < rng.uniform(0.3, 0.7)
         masked[np.arange(k + 1)[:, None], rng.permuted(np.tile(np.arange(v), (k + 1, 1)), axis=1)[:, :2]] = False
         target = np.where(masked, -np.inf, target)
+    if v >= 2 and case.tie_share > 0 and rng.random() < case.tie_share:  # 2 or 3 tokens share the top logit exactly
+        top = target.max(axis=-1, keepdims=True)
+        tied = rng.permuted(np.tile(np.arange(v), (k + 1, 1)), axis=1)[:, : min(v, int(rng.integers(2, 4)))]
+        target[np.arange(k + 1)[:, None], tied] = top
     style = rng.choice(("equal", "close", "far", "unrelated"))
     if style == "unrelated":
         draft = rng.normal(size=(k, v)) * scale
@@ -172,8 +178,11 @@ def _row_params(
 ) -> dict[str, float]:
     """One row's parameters, drawn in the model's filter order from the row's actual logits."""
     params: dict[str, float] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-    top2 = -np.sort(-logits, axis=-1)[:, :2]
-    if rng.random() < case.greedy_share and np.all(top2[:, 0] - top2[:, 1] > ARGMAX_GAP):
+    # Greedy rows: the top logit exactly tied or clear of the next by ARGMAX_GAP (a near-tie could
+    # flip under a kernel's own rounding, and greedy exactness would then depend on it).
+    top = logits.max(axis=-1, keepdims=True)
+    below = np.where(logits < top, logits, -np.inf).max(axis=-1)
+    if rng.random() < case.greedy_share and np.all(top[:, 0] - below > ARGMAX_GAP):
         params["temperature"] = 0.0
         return params
     if rng.random() >= 0.2:

@@ -10,9 +10,28 @@ from spectest.sampling import RepeatedCategorical, sample_categorical
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+HALF = ("bfloat16", "float16")
+FULL = ("float32", "float64")
+
+
 def to_tensor(array: np.ndarray, *, device: torch.device, dtype: str | torch.dtype) -> torch.Tensor:
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     return torch.as_tensor(array, device=device).to(dtype)
+
+
+def as_given(array: np.ndarray, *, device: torch.device, dtype: str) -> tuple[torch.Tensor, np.ndarray]:
+    """The tensor handed to the model and the exact distribution it defines.
+
+    Exactness in half precision: the target (and the draft) is the distribution the given
+    bf16/fp16 values define, normalised in float64: rounding moves each probability by up to
+    2^-9 (bf16) or 2^-12 (fp16) of itself and flushes fp16 values below 3e-8 to 0, and an
+    implementation can only be held to what it was handed. Tokens rounded to 0 become impossible.
+    For float32 and float64 the values are what the harness built (normalised to rounding)."""
+    tensor = to_tensor(array, device=device, dtype=dtype)
+    if dtype not in HALF:
+        return tensor, array
+    given = tensor.double().cpu().numpy()
+    return tensor, given / given.sum(axis=-1, keepdims=True)
 
 
 class RepeatedBatch:

@@ -12,8 +12,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TARGET_KINDS = ("dirichlet", "peaky", "sparse", "tiny", "one_hot")
-DRAFT_KINDS = ("equal", "close", "far", "uniform", "one_hot", "disjoint", "zero_heavy")
+TARGET_KINDS = ("dirichlet", "peaky", "sparse", "tiny", "one_hot", "masked_tail", "extreme")
+DRAFT_KINDS = (
+    "equal",
+    "close",
+    "far",
+    "uniform",
+    "one_hot",
+    "disjoint",
+    "zero_heavy",
+    "masked_like_target",
+    "elsewhere",
+)
+SMALLEST_NORMAL_FP32 = float(np.finfo(np.float32).tiny)  # 1.18e-38
 # Draft kinds that need target zeros to mean anything; they force a sparse target.
 _NEEDS_TARGET_ZEROS = frozenset({"disjoint", "zero_heavy"})
 
@@ -70,6 +81,16 @@ def target_distributions(rng: np.random.Generator, rows: int, vocab: int, kind: 
         return _normalise(p)
     if kind == "one_hot":
         return _one_hot(rng, rows, vocab)
+    if kind == "masked_tail":  # grammar masks, vocabularies padded to a multiple of 64: a whole tail of zeros
+        tail = rng.integers(1, max(2, vocab // 2 + 1), size=(rows, 1))
+        support = np.arange(vocab)[None, :] < np.maximum(1, vocab - tail)
+        return _normalise(np.where(support, _dirichlet(rng, 1.0, shape) + 1e-6, 0.0))
+    if kind == "extreme":  # one token at 1 - 1e-7, the rest tiny, some at float32's smallest normal
+        rest = _dirichlet(rng, 1.0, shape) * 1e-7
+        rest[rng.random(shape) < 0.3] = SMALLEST_NORMAL_FP32
+        top = rng.integers(vocab, size=rows)
+        rest[np.arange(rows), top] = 1 - 1e-7
+        return _normalise(rest)
     raise ValueError(f"unknown target kind {kind!r}; choose from {TARGET_KINDS}")
 
 
@@ -86,6 +107,14 @@ def draft_distributions(rng: np.random.Generator, p: np.ndarray, kind: str) -> n
         return np.full(p.shape, 1.0 / vocab)
     if kind == "one_hot":
         return _one_hot(rng, rows, vocab)
+    if kind == "masked_like_target":  # the same mask applied to the draft model (p = 0 means q = 0)
+        return _normalise(np.where(p > 0, _dirichlet(rng, 1.0, p.shape) + 1e-6, 0.0))
+    if kind == "elsewhere":  # all its mass on one token the target does not favour most
+        top = p.argmax(axis=-1)
+        other = (top + 1 + rng.integers(max(1, vocab - 1), size=rows)) % vocab if vocab > 1 else top
+        out = np.zeros_like(p)
+        out[np.arange(rows), other] = 1.0
+        return out
     zeros = p == 0
     if kind in ("disjoint", "zero_heavy") and not zeros.any(axis=-1).all():
         raise ValueError(f"a {kind} draft needs a target with zeros in every row")

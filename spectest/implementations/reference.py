@@ -17,7 +17,8 @@ from spectest.protocol import DEFAULT_ORDER, PAD
 from spectest.sampling import inverse_cdf_blocked, make_generator, sample_categorical
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
-spectest_capabilities = frozenset({"standard-rejection"})
+spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
+spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
 
 
 def verify(
@@ -26,32 +27,58 @@ def verify(
     target_probs: torch.Tensor,
     *,
     generator: torch.Generator,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Accept draft i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit
-    one token from norm(max(0, p - q)), or the bonus from target_probs[:, K] if all K pass."""
+    one token from norm(max(0, p - q)), or the bonus from target_probs[:, K] if all K pass.
+    Half-precision inputs are normalised and worked on in float32 (see :func:`working_precision`).
+    ``num_draft_tokens`` [B]: row r carries only its first n_r drafts, its bonus row is
+    target_probs[r, n_r] (ragged batches, as vLLM passes them)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
+    draft_probs, target_probs = working_precision(draft_probs), working_precision(target_probs)
     u = torch.rand((batch, k), generator=generator, device=device, dtype=target_probs.dtype)
     v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
-    return verify_at(draft_token_ids, draft_probs, target_probs, u, lambda weights: inverse_cdf_blocked(weights, v))
+    return verify_at(
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        u,
+        lambda weights: inverse_cdf_blocked(weights, v),
+        lengths=num_draft_tokens,
+    )
 
 
-def verify_at(draft_token_ids, draft_probs, target_probs, u, sample) -> torch.Tensor:
-    """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the extra token."""
+def working_precision(probs: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 probabilities as the float32 distribution they define (normalised): the ratio,
+    the residual and the uniforms then carry 24 bits, and the output follows the given values
+    exactly; float32 and float64 pass through untouched."""
+    if probs.dtype in (torch.float32, torch.float64):
+        return probs
+    wide = probs.float()
+    return wide / wide.sum(dim=-1, keepdim=True)
+
+
+def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=None) -> torch.Tensor:
+    """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the
+    extra token; ``lengths`` [B]: drafts per row (default K)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
-    ids = draft_token_ids.unsqueeze(-1)
+    ids = draft_token_ids.clamp_min(0).unsqueeze(-1)  # padding past a short row never counts
     p_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)
     q_draft = draft_probs.gather(-1, ids).squeeze(-1)
     # u < p/q without a division: exact when p >= q (always accepted) and when q = 0.
     accepted = u * q_draft < p_draft
+    if lengths is not None:
+        accepted &= torch.arange(k, device=device) < lengths.unsqueeze(1)
     n_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    drafted = torch.full_like(n_accepted, k) if lengths is None else lengths
 
     rows = torch.arange(batch, device=device)
     p_next = target_probs[rows, n_accepted]
     q_next = draft_probs[rows, n_accepted.clamp(max=k - 1)]
-    # One fused pass: p - q after a rejection, p itself (the bonus) when all K were accepted.
-    rejected = (n_accepted < k).to(p_next.dtype).unsqueeze(-1)
+    # One fused pass: p - q after a rejection, p itself (the bonus) when every draft was accepted.
+    rejected = (n_accepted < drafted).to(p_next.dtype).unsqueeze(-1)
     residual = torch.addcmul(p_next, q_next, rejected, value=-1).clamp_min_(0)
     # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
     empty = residual.amax(dim=-1) <= 0
@@ -84,11 +111,14 @@ def row_uniforms(
 class ReferenceSampler:
     """The reference with every optional capability of the protocol (see the README)."""
 
-    spectest_capabilities = frozenset({"standard-rejection", "per-row-seeds"})
+    spectest_capabilities = frozenset({"standard-rejection", "per-row-seeds", "ragged-drafts"})
     spectest_filter_order = DEFAULT_ORDER
+    spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
 
-    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
-        return verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator, num_draft_tokens=None):
+        return verify(
+            draft_token_ids, draft_probs, target_probs, generator=generator, num_draft_tokens=num_draft_tokens
+        )
 
     def verify_logits(
         self,

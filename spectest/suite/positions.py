@@ -53,21 +53,26 @@ def check_every_position(
     row_labels: Sequence[str] | None = None,
     max_case_elements: int,
     max_call_elements: int,
+    lengths: np.ndarray | None = None,
 ) -> None:
     """Test every (row, position) of ``call``'s output against ``target`` [B, K+1, V] (float64);
     ``draft`` [B, K, V] is the distribution the call's drafts come from (it sets the reach of
-    each position, hence the plan); ``case`` describes the inputs for messages."""
+    each position, hence the plan); ``case`` describes the inputs for messages; ``lengths`` [B]:
+    drafts per row of a ragged batch (row r's token at position n_r is its bonus, later ones never come)."""
     __tracebackhide__ = True
     started = time.perf_counter()
     b, k1, v = target.shape
     k = k1 - 1
     per_rep = b * (2 * k + 1) * v
     row_labels = row_labels or [""] * b
+    reach = reach_probabilities(target, draft)
+    if lengths is not None:
+        reach = reach * (np.arange(k1)[None, :] <= lengths[:, None])
     check = spec.distribution(
         rules.PER_POSITION,
         target.reshape(b * k1, v),
         case_seed=seed,
-        reach=reach_probabilities(target, draft).ravel(),
+        reach=reach.ravel(),
         min_draws=20,
         max_draws=max(20, max_case_elements // per_rep),
         views={
@@ -96,7 +101,7 @@ def check_every_position(
         spec.record(
             {
                 "tokens_per_call": emitted_tokens / max(1, b * check.draws),
-                "optimal_tokens_per_call": float(reach_probabilities(target, draft).sum(axis=1).mean()),
+                "optimal_tokens_per_call": float(reach.sum(axis=1).mean()),
                 "k": k,
                 "measured_tv": result.measured.as_record(),
             }

@@ -203,10 +203,18 @@ class PropertyRun:
         draft_probs: torch.Tensor,
         target_probs: torch.Tensor,
         generator: torch.Generator,
+        *,
+        num_draft_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         with self.ledger.measure("calls"):
             return call_verify(
-                self.model, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
+                self.model,
+                draft_token_ids,
+                draft_probs,
+                target_probs,
+                generator,
+                timeout=self.session.timeout,
+                num_draft_tokens=num_draft_tokens,
             )
 
     def verify_logits(

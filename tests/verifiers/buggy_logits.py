@@ -125,6 +125,18 @@ class GreedyDividesByZero(Textbook):
     draft_side = target_side
 
 
+class GreedyTiesToHighestId(Textbook):
+    """Greedy rows take the last of exactly tied top logits (an argmax over the flipped vocabulary,
+    or a reduction that keeps the later index): a different token than the engine's own greedy sampler."""
+
+    def target_side(self, logits, params):
+        probs = process_logits(logits, params)
+        greedy = params.greedy.to(logits.device).view(-1, 1, 1)
+        last = logits.shape[-1] - 1 - logits.flip(-1).argmax(dim=-1)
+        one_hot = torch.nn.functional.one_hot(last, logits.shape[-1]).to(probs.dtype)
+        return torch.where(greedy, one_hot, probs)
+
+
 class RandomRowsVerifiedGreedily(Textbook):
     """One greedy row switches the whole batch to greedy verification."""
 
@@ -165,6 +177,7 @@ min_p_target_only = MinPTargetOnly()
 filtered_drafts_unfiltered_q = FilteredDraftsUnfilteredQ()
 argmax_drafts = ArgmaxDrafts()
 greedy_divides_by_zero = GreedyDividesByZero()
+greedy_ties_to_highest_id = GreedyTiesToHighestId()
 random_rows_verified_greedily = RandomRowsVerifiedGreedily()
 params_shifted_by_one_row = ParamsShiftedByOneRow()
 row0_seed_for_every_row = Row0SeedForEveryRow()
@@ -188,6 +201,7 @@ BUGS: dict[str, dict[str, tuple[str, ...]]] = {
     "filtered_drafts_unfiltered_q": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
     "argmax_drafts": {HONEST: (R.REPORTED_DRAFTS, R.NEVER_DRAFTS_IMPOSSIBLE), LOSSLESS: POSITION_OR_ZERO},
     "greedy_divides_by_zero": {GREEDY: (R.GREEDY_IS_ARGMAX, R.DOES_NOT_RAISE)},
+    "greedy_ties_to_highest_id": {GREEDY: (R.GREEDY_IS_ARGMAX,)},
     "random_rows_verified_greedily": {EXACT: POSITION_OR_ZERO},
     "params_shifted_by_one_row": {EXACT: POSITION_OR_ZERO, GREEDY: (R.GREEDY_IS_ARGMAX,)},
     "row0_seed_for_every_row": {SEEDS: (R.SEEDED_ROWS,)},

@@ -57,12 +57,17 @@ def ignores_draft_probs(draft_token_ids, draft_probs, target_probs, *, generator
 
 
 class VerifierObject:
-    """An object with a verify method (the other accepted shape of a model)."""
+    """An object with a verify method (the other accepted shape of a model). It takes ragged
+    batches FlashInfer's way: draft ids past a row's count are -1, and it counts them itself."""
 
-    spectest_capabilities = frozenset({"standard-rejection"})
+    spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
+    spectest_draft_padding = "minus-one"
 
     def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
-        return reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+        counts = (draft_token_ids != PAD).sum(dim=1)
+        return reference_verify(
+            draft_token_ids, draft_probs, target_probs, generator=generator, num_draft_tokens=counts
+        )
 
 
 as_object = VerifierObject()

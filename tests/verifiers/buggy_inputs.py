@@ -1,0 +1,121 @@
+"""Known-buggy verifiers for inputs as engines pass them (issue 19): each is the reference but for
+how it reads its inputs. ``BUGS`` declares the properties that must catch each and their rules.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectest import rules as R
+from spectest.implementations.reference import verify as reference_verify
+from spectest.implementations.reference import verify_at, working_precision
+
+spectest_capabilities = frozenset({"standard-rejection"})
+spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
+
+
+def contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def as_if_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """What a kernel handed only ``data_ptr()`` and the shape reads: the storage from the view's
+    offset on, walked with contiguous strides."""
+    return torch.as_strided(tensor, tensor.shape, contiguous_strides(tensor.shape), tensor.storage_offset())
+
+
+def reads_strides_as_contiguous(draft_token_ids, draft_probs, target_probs, *, generator):
+    ids, q, p = (as_if_contiguous(t) for t in (draft_token_ids, draft_probs, target_probs))
+    return reference_verify(ids.clamp(0, p.shape[-1] - 1), q, p, generator=generator)
+
+
+def residual_via_ratio(draft_token_ids, draft_probs, target_probs, *, generator):
+    """The residual as p - q min(1, p/q) over the whole vocabulary: equal to max(p - q, 0), except
+    that a token masked in both (p = q = 0: a grammar mask, vocabulary padding) gives 0/0 = NaN,
+    and the NaN row goes to the sampler."""
+    b, k = draft_token_ids.shape
+    p, q = target_probs, draft_probs
+    ratio = torch.clamp(p[:, :k] / q, max=1.0)
+    u = torch.rand((b, k), generator=generator, device=p.device, dtype=p.dtype)
+    ids = draft_token_ids.unsqueeze(-1)
+    accepted = u < ratio.gather(-1, ids).squeeze(-1)
+    n = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(b, device=p.device)
+    residual = p[:, :k] - q * ratio
+    weights = torch.where((n < k)[:, None], residual[rows, n.clamp(max=k - 1)], p[rows, n])
+    extra = torch.multinomial(weights.double(), 1, generator=generator).squeeze(1)
+    slots = torch.arange(k + 1, device=p.device)
+    padded = torch.cat([draft_token_ids, torch.full((b, 1), -1, dtype=torch.int64, device=p.device)], dim=1)
+    out = torch.where(slots < n[:, None], padded, -1)
+    out[rows, n] = extra
+    return out
+
+
+def cumsum_in_half_precision(draft_token_ids, draft_probs, target_probs, *, generator):
+    """The reference, but the extra token's inverse CDF runs over a cumulative sum kept in the
+    input's dtype: in bf16 a running sum near 0.5 has a spacing of 2^-9, so once it gets there
+    tokens of probability below about 0.001 add nothing and the tail of the vocabulary stalls."""
+    batch, k = draft_token_ids.shape
+    given = target_probs.dtype
+    q, p = working_precision(draft_probs), working_precision(target_probs)
+    u = torch.rand((batch, k), generator=generator, device=p.device, dtype=p.dtype)
+    v = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
+
+    def sample(weights):
+        cdf = weights.to(given).cumsum(-1)
+        point = v.to(given)[:, None] * cdf[:, -1:]
+        return torch.searchsorted(cdf, point, right=True).clamp(max=weights.shape[-1] - 1).squeeze(1)
+
+    return verify_at(draft_token_ids, q, p, u, sample)
+
+
+PER_POSITION = "test_every_row_and_position_is_exact"
+OUTPUT = (R.PER_POSITION, R.NEVER_IMPOSSIBLE, R.ACCEPTED_ARE_DRAFTS)
+BUGS = {
+    # Exact on contiguous inputs: only the property that lays inputs out as engines do sees it.
+    "reads_strides_as_contiguous": {PER_POSITION: OUTPUT},
+    # Exact until a token is masked on both sides; the per-position property's explicit case masks tails.
+    "residual_via_ratio": {PER_POSITION: (*OUTPUT, R.DOES_NOT_RAISE, R.IDS_IN_RANGE)},
+    # Exact in float32 and float64: the per-position property's explicit case is bf16 for models that take it.
+    "cumsum_in_half_precision": {PER_POSITION: OUTPUT},
+}
+ONLY = ("reads_strides_as_contiguous",)
+
+
+class IgnoresDraftCounts:
+    """Declares ragged drafts, then verifies every row as if it carried K: a short row runs on
+    into its padding and emits more tokens than it drafted."""
+
+    spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator, num_draft_tokens=None):
+        return reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+
+class BonusFromLastPosition:
+    """Stops each row at its count, but draws a full row's bonus from target_probs[:, K] (the last
+    position of the padded batch) instead of target_probs[r, n_r]."""
+
+    spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator, num_draft_tokens=None):
+        if num_draft_tokens is None:
+            return reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+        rows = torch.arange(target_probs.shape[0], device=target_probs.device)
+        moved = target_probs.clone()
+        moved[rows, num_draft_tokens] = target_probs[:, -1]
+        return reference_verify(
+            draft_token_ids, draft_probs, moved, generator=generator, num_draft_tokens=num_draft_tokens
+        )
+
+
+ignores_draft_counts = IgnoresDraftCounts()
+bonus_from_last_position = BonusFromLastPosition()
+RAGGED = "test_short_rows_emit_at_most_their_drafts_plus_one"
+BUGS["ignores_draft_counts"] = {RAGGED: (R.RAGGED_LENGTH,)}
+BUGS["bonus_from_last_position"] = {RAGGED: (R.PER_POSITION, R.NEVER_IMPOSSIBLE)}
+ONLY += ("ignores_draft_counts", "bonus_from_last_position")
