@@ -125,8 +125,16 @@ def _top_k_ok(sorted_probs: np.ndarray, k: int) -> bool:
 
 
 def _top_p_ok(sorted_probs: np.ndarray, p: float) -> bool:
+    """Mass clear of p at every prefix, and the last kept token strictly above the first dropped
+    one (a cut through exactly tied tokens keeps an arbitrary subset of them)."""
     cumulative = np.cumsum(sorted_probs, axis=-1)
-    return bool(np.all(np.abs(cumulative - p) > TOP_P_GAP))
+    if not np.all(np.abs(cumulative - p) > TOP_P_GAP):
+        return False
+    last = np.minimum((cumulative < p).sum(axis=-1), sorted_probs.shape[-1] - 1)
+    after = np.minimum(last + 1, sorted_probs.shape[-1] - 1)
+    rows = np.arange(sorted_probs.shape[0])
+    kept, dropped = sorted_probs[rows, last], sorted_probs[rows, after]
+    return bool(np.all((after == last) | (kept > dropped * (1 + TOP_K_GAP))))
 
 
 def _min_p_ok(sorted_probs: np.ndarray, m: float) -> bool:

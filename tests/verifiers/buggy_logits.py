@@ -137,6 +137,16 @@ class GreedyTiesToHighestId(Textbook):
         return torch.where(greedy, one_hot, probs)
 
 
+class MaskedLogitsFloored(Textbook):
+    """Replaces -inf target logits by the row's smallest finite logit "to avoid NaN": tokens a
+    grammar or a ban masks get probability again, so -inf-logit drafts are accepted and emitted."""
+
+    def target_side(self, logits, params):
+        finite = torch.where(torch.isfinite(logits), logits, torch.full_like(logits, torch.inf))
+        floor = finite.amin(dim=-1, keepdim=True)
+        return process_logits(torch.where(torch.isfinite(logits), logits, floor), params)
+
+
 class RandomRowsVerifiedGreedily(Textbook):
     """One greedy row switches the whole batch to greedy verification."""
 
@@ -178,6 +188,7 @@ filtered_drafts_unfiltered_q = FilteredDraftsUnfilteredQ()
 argmax_drafts = ArgmaxDrafts()
 greedy_divides_by_zero = GreedyDividesByZero()
 greedy_ties_to_highest_id = GreedyTiesToHighestId()
+masked_logits_floored = MaskedLogitsFloored()
 random_rows_verified_greedily = RandomRowsVerifiedGreedily()
 params_shifted_by_one_row = ParamsShiftedByOneRow()
 row0_seed_for_every_row = Row0SeedForEveryRow()
@@ -202,6 +213,7 @@ BUGS: dict[str, dict[str, tuple[str, ...]]] = {
     "argmax_drafts": {HONEST: (R.REPORTED_DRAFTS, R.NEVER_DRAFTS_IMPOSSIBLE), LOSSLESS: POSITION_OR_ZERO},
     "greedy_divides_by_zero": {GREEDY: (R.GREEDY_IS_ARGMAX, R.DOES_NOT_RAISE)},
     "greedy_ties_to_highest_id": {GREEDY: (R.GREEDY_IS_ARGMAX,)},
+    "masked_logits_floored": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
     "random_rows_verified_greedily": {EXACT: POSITION_OR_ZERO},
     "params_shifted_by_one_row": {EXACT: POSITION_OR_ZERO, GREEDY: (R.GREEDY_IS_ARGMAX,)},
     "row0_seed_for_every_row": {SEEDS: (R.SEEDED_ROWS,)},
