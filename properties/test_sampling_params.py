@@ -33,7 +33,10 @@ CASES = RANGES.logits_cases()
 # Every run sees a batch that mixes greedy rows, temperatures and every filter row by row.
 MIXED = sst.LogitsCase(batch=24, k=4, vocab=700, seed=7, greedy_share=0.25, filter_share=0.6, masked_share=0.3)
 # ... and one where every sampled row uses a single filter, each filter in a third of the rows.
-ONE_FILTER_EACH = sst.LogitsCase(batch=12, k=3, vocab=500, seed=8, greedy_share=0.0, filter_plan="one each")
+# Its top logits tie in every row, so its top-k rows cut through a tie (top-k keeps the whole tie).
+ONE_FILTER_EACH = sst.LogitsCase(
+    batch=12, k=3, vocab=500, seed=8, greedy_share=0.0, filter_plan="one each", tie_share=1.0
+)
 
 
 def build(spec, case: sst.LogitsCase) -> sst.LogitsInputs:

@@ -31,8 +31,8 @@ def plain_processed(logits: np.ndarray, t: float, top_k: int, top_p: float, min_
     for name in order:
         ranked = sorted(range(len(probs)), key=lambda i: -probs[i])
         keep = set(range(len(probs)))
-        if name == "top_k" and 0 < top_k < len(probs):
-            keep = set(ranked[:top_k])
+        if name == "top_k" and 0 < top_k < len(probs):  # the k most likely, and every token tied with the k-th
+            keep = {i for i in range(len(probs)) if probs[i] >= probs[ranked[top_k - 1]]}
         elif name == "top_p" and np.float32(top_p) < 1:
             mass, keep = 0.0, set()
             for i in ranked:

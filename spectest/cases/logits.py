@@ -120,8 +120,19 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _top_k_ok(sorted_probs: np.ndarray, k: int) -> bool:
+    """The k-th probability clear of the next at every position, or exactly tied with it: top-k
+    keeps every token tied with the k-th (transformers', vLLM's and spectest's rule), so a cut
+    through a tie keeps the whole tie, and then the end of the tie must be clear of what follows."""
     kth, nxt = sorted_probs[:, k - 1], sorted_probs[:, k]
-    return bool(np.all((kth == 0) | (kth > nxt * (1 + TOP_K_GAP))))
+    end = (sorted_probs >= kth[:, None]).sum(axis=-1)  # tokens kept: the tie included
+    after = np.where(
+        end < sorted_probs.shape[-1],
+        sorted_probs[np.arange(len(end)), np.minimum(end, sorted_probs.shape[-1] - 1)],
+        0.0,
+    )
+    clear = (kth == 0) | (kth > nxt * (1 + TOP_K_GAP))
+    tie_then_clear = (kth == nxt) & (kth > after * (1 + TOP_K_GAP))
+    return bool(np.all(clear | tie_then_clear))
 
 
 def _top_p_ok(sorted_probs: np.ndarray, p: float) -> bool:
@@ -146,9 +157,11 @@ def _choose_filter(rng: np.random.Generator, name: str, probs: np.ndarray) -> fl
     """A value for one filter that is clear of its boundaries at every position, or None."""
     v = probs.shape[-1]
     ordered = -np.sort(-probs, axis=-1)
-    for _ in range(TRIES):
+    tied_top = v > 2 and bool(np.any(ordered[:, 0] == ordered[:, 1]))
+    for attempt in range(TRIES):
         if name == "top_k" and v > 2:
-            k = int(rng.integers(1, min(v - 1, 64) + 1))
+            # A row whose top logits tie first tries a cut through the tie (k = 1).
+            k = 1 if tied_top and attempt == 0 else int(rng.integers(1, min(v - 1, 64) + 1))
             if _top_k_ok(ordered, k):
                 return k
         elif name == "top_p":

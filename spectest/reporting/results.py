@@ -6,7 +6,7 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
 * ``environment``: package versions, torch and CUDA versions, device name, git commit (null when
   not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601),
   ``models`` [{name, source, capabilities, filter_order, sampling_params, unavailable, max_tv, dtypes,
-  tie_break}]
+  tie_break, draft_padding}]
   (``max_tv``: the declared lossy-mode limit per token, 1.0 for lossy without one, null for exact)
 * ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
   (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated),
@@ -184,6 +184,7 @@ def describe_model(model: Any) -> dict[str, Any]:
         "max_tv": model.max_tv,  # declared lossy-mode limit per token (1.0: lossy, no limit); None: exact
         "dtypes": list(model.dtypes),  # probability dtypes the harness hands it
         "tie_break": model.tie_break,  # greedy rows' rule for exact ties
+        "draft_padding": model.draft_padding,  # how short rows are marked (ragged-drafts models)
     }
 
 

@@ -147,6 +147,23 @@ class MaskedLogitsFloored(Textbook):
         return process_logits(torch.where(torch.isfinite(logits), logits, floor), params)
 
 
+class TopKKeepsExactlyK(Textbook):
+    """Top-k from torch.topk's indices: exactly k tokens, so a tie at the k-th place keeps an
+    arbitrary part of it where transformers, vLLM and the processed target keep the whole tie."""
+
+    def target_side(self, logits, params):
+        vocab = logits.shape[-1]
+        active = (params.top_k > 0) & (params.top_k < vocab) & ~params.greedy
+        masked = logits.clone()
+        for row in active.nonzero().flatten().tolist():
+            top = torch.topk(logits[row], int(params.top_k[row]), dim=-1).indices
+            keep = torch.zeros_like(logits[row], dtype=torch.bool).scatter_(-1, top, True)
+            masked[row] = torch.where(keep, logits[row], -torch.inf)
+        return process_logits(masked, replace(params, top_k=torch.zeros_like(params.top_k)))
+
+    draft_side = target_side
+
+
 class RandomRowsVerifiedGreedily(Textbook):
     """One greedy row switches the whole batch to greedy verification."""
 
@@ -189,6 +206,7 @@ argmax_drafts = ArgmaxDrafts()
 greedy_divides_by_zero = GreedyDividesByZero()
 greedy_ties_to_highest_id = GreedyTiesToHighestId()
 masked_logits_floored = MaskedLogitsFloored()
+top_k_keeps_exactly_k = TopKKeepsExactlyK()
 random_rows_verified_greedily = RandomRowsVerifiedGreedily()
 params_shifted_by_one_row = ParamsShiftedByOneRow()
 row0_seed_for_every_row = Row0SeedForEveryRow()
@@ -214,6 +232,7 @@ BUGS: dict[str, dict[str, tuple[str, ...]]] = {
     "greedy_divides_by_zero": {GREEDY: (R.GREEDY_IS_ARGMAX, R.DOES_NOT_RAISE)},
     "greedy_ties_to_highest_id": {GREEDY: (R.GREEDY_IS_ARGMAX,)},
     "masked_logits_floored": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
+    "top_k_keeps_exactly_k": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
     "random_rows_verified_greedily": {EXACT: POSITION_OR_ZERO},
     "params_shifted_by_one_row": {EXACT: POSITION_OR_ZERO, GREEDY: (R.GREEDY_IS_ARGMAX,)},
     "row0_seed_for_every_row": {SEEDS: (R.SEEDED_ROWS,)},
