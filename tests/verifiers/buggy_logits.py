@@ -137,14 +137,14 @@ class GreedyTiesToHighestId(Textbook):
         return torch.where(greedy, one_hot, probs)
 
 
-class MaskedLogitsFloored(Textbook):
-    """Replaces -inf target logits by the row's smallest finite logit "to avoid NaN": tokens a
-    grammar or a ban masks get probability again, so -inf-logit drafts are accepted and emitted."""
+class MaskedLogitsZeroed(Textbook):
+    """Applies the vocabulary mask by multiplying the logits by a 0/1 mask instead of filling -inf:
+    masked tokens get logit 0, a middling one, so drafts of -inf-logit tokens are accepted and
+    masked tokens are emitted."""
 
     def target_side(self, logits, params):
-        finite = torch.where(torch.isfinite(logits), logits, torch.full_like(logits, torch.inf))
-        floor = finite.amin(dim=-1, keepdim=True)
-        return process_logits(torch.where(torch.isfinite(logits), logits, floor), params)
+        mask = torch.isfinite(logits)
+        return process_logits(torch.where(mask, logits, torch.zeros_like(logits)) * mask, params)
 
 
 class TopKKeepsExactlyK(Textbook):
@@ -205,7 +205,7 @@ filtered_drafts_unfiltered_q = FilteredDraftsUnfilteredQ()
 argmax_drafts = ArgmaxDrafts()
 greedy_divides_by_zero = GreedyDividesByZero()
 greedy_ties_to_highest_id = GreedyTiesToHighestId()
-masked_logits_floored = MaskedLogitsFloored()
+masked_logits_zeroed = MaskedLogitsZeroed()
 top_k_keeps_exactly_k = TopKKeepsExactlyK()
 random_rows_verified_greedily = RandomRowsVerifiedGreedily()
 params_shifted_by_one_row = ParamsShiftedByOneRow()
@@ -231,7 +231,7 @@ BUGS: dict[str, dict[str, tuple[str, ...]]] = {
     "argmax_drafts": {HONEST: (R.REPORTED_DRAFTS, R.NEVER_DRAFTS_IMPOSSIBLE), LOSSLESS: POSITION_OR_ZERO},
     "greedy_divides_by_zero": {GREEDY: (R.GREEDY_IS_ARGMAX, R.DOES_NOT_RAISE)},
     "greedy_ties_to_highest_id": {GREEDY: (R.GREEDY_IS_ARGMAX,)},
-    "masked_logits_floored": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
+    "masked_logits_zeroed": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
     "top_k_keeps_exactly_k": {EXACT: POSITION_OR_ZERO, LOSSLESS: POSITION_OR_ZERO},
     "random_rows_verified_greedily": {EXACT: POSITION_OR_ZERO},
     "params_shifted_by_one_row": {EXACT: POSITION_OR_ZERO, GREEDY: (R.GREEDY_IS_ARGMAX,)},
