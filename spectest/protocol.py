@@ -257,7 +257,7 @@ def call_verify(
     if num_draft_tokens is not None:
         inputs += ", ragged: rows carry 0..K drafts"
         if model.draft_padding == "minus-one":
-            slots = torch_arange_like(draft_token_ids)
+            slots = num_draft_tokens.new_tensor(range(draft_token_ids.shape[1])).unsqueeze(0)
             ids = draft_token_ids.masked_fill(slots >= num_draft_tokens.unsqueeze(1), PAD)
         else:
             extra = {"num_draft_tokens": num_draft_tokens}
@@ -266,13 +266,6 @@ def call_verify(
     )
     check_emitted(model.name, emitted, draft_token_ids, target_probs.shape[-1], inputs, num_draft_tokens)
     return emitted
-
-
-def torch_arange_like(ids: torch.Tensor) -> torch.Tensor:
-    """[1, K] slot indices on ids' device."""
-    import torch
-
-    return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
 
 
 def guarded_call(

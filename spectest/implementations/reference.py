@@ -64,7 +64,8 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     extra token; ``lengths`` [B]: drafts per row (default K)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
-    ids = draft_token_ids.clamp_min(0).unsqueeze(-1)  # padding past a short row never counts
+    # -1 padding past a short row is never read as a token (and costs nothing when no row is short).
+    ids = (draft_token_ids if lengths is None else draft_token_ids.clamp_min(0)).unsqueeze(-1)
     p_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)
     q_draft = draft_probs.gather(-1, ids).squeeze(-1)
     # u < p/q without a division: exact when p >= q (always accepted) and when q = 0.
