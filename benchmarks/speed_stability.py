@@ -1,11 +1,16 @@
 """Does the speed property hold up on a shared machine? Runs it alone, seed after seed, idle and
-with CPU-bound processes beside it, and prints the tally (not a timed test: run it, read it).
+with CPU-bound processes beside it, on several correct models at once, and prints the tally (not a
+timed test: run it, read it).
 
-    python benchmarks/speed_stability.py [--runs 20] [--busy 2] [--model reference]
+    python benchmarks/speed_stability.py [--runs 20] [--busy 4] [--model reference --model ...]
+    python benchmarks/speed_stability.py --engine transformers-assisted [--engine ...] --runs 5 --busy 2
 
-For each run: the verdict, its wall time, the rounds it took, and the median model/measured pass
-cost and measured/predicted speedup over the sweep's points (from the run's results file).
-The busy processes are pure-Python loops started and stopped by this script.
+Default models: the reference, the exponential-race verifier (tests/verifiers/correct.py) and the
+exact verifier that is slow everywhere (tests/verifiers/slow.py:full_residual_every_position, about
+four times an efficient pass). For each run and model: the verdict (passed, failed, skipped, or a
+harness error), its rounds, and the range of measured over own-model speedup across the sweep's
+points, from the run's results file. The busy processes are pure-Python loops started and stopped
+by this script. Exit code 0 only if no correct model failed and the harness never erred.
 """
 
 from __future__ import annotations
@@ -20,13 +25,24 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+MODELS = (
+    "reference",
+    str(REPO / "tests" / "verifiers" / "correct.py") + ":exponential_race",
+    str(REPO / "tests" / "verifiers" / "slow.py") + ":full_residual_every_position",
+)
+
 
 def spin() -> None:
     while True:
         pass
 
 
-def one_run(model: str, seed: int) -> dict[str, object]:
+def one_run(models: list[str], seed: int, engines: bool = False) -> tuple[float, list[dict[str, object]]]:
+    """One pytest run of the speed property on every model (or, with ``engines``, the end-to-end
+    speed property on every engine); (wall seconds, one result per model)."""
+    flag = "--spec-engine" if engines else "--spec-model"
+    extra = ["--spec-e2e-speed", "-k", "test_engine_speedup_follows_its_model"] if engines else ["-k", "speed"]
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         proc = subprocess.run(
@@ -34,13 +50,13 @@ def one_run(model: str, seed: int) -> dict[str, object]:
                 sys.executable,
                 "-m",
                 "pytest",
-                "--spec-model",
-                model,
+                *(a for m in models for a in (flag, m)),
                 "--spec-seed",
                 str(seed),
-                "-k",
-                "speed",
+                *extra,
                 "-q",
+                "-n",
+                "0",
                 "-p",
                 "no:cacheprovider",
                 "--spec-report",
@@ -51,65 +67,94 @@ def one_run(model: str, seed: int) -> dict[str, object]:
             cwd=tmp,
         )
         seconds = time.perf_counter() - started
-        document = json.loads((Path(tmp) / "results.json").read_text())
-    outcome = document["tests"][0]["outcome"] if document["tests"] else f"exit {proc.returncode}"
-    points = [p for f in document["figures"] for p in f.get("speed_points", [])]
-    return {
-        "seed": seed,
-        "outcome": outcome,
-        "seconds": seconds,
-        "rounds": max((p["rounds"] for p in points), default=0),
-        "pass_cost_ratio": [round(p["pass_cost_ratio"], 3) for p in points],
-        "speedup_ratio": [round(p["ratio"], 3) for p in points],
-        "message": document["tests"][0]["message"][-600:] if document["tests"] else proc.stdout[-600:],
-    }
-
-
-def series(label: str, model: str, runs: int, first_seed: int) -> list[dict[str, object]]:
+        results_file = Path(tmp) / "results.json"
+        document = json.loads(results_file.read_text()) if results_file.exists() else {"tests": [], "figures": []}
     results = []
-    for seed in range(first_seed, first_seed + runs):
-        result = one_run(model, seed)
-        results.append(result)
-        print(
-            f"  {label} seed {seed}: {result['outcome']:7} {result['seconds']:5.1f} s, {result['rounds']} rounds, "
-            f"pass model/measured {result['pass_cost_ratio']}, speedup measured/model {result['speedup_ratio']}",
-            flush=True,
+    for test in document["tests"]:
+        harness = (test.get("failure") or {}).get("kind") == "harness"
+        mine = [f for f in document["figures"] if f["model"] == test["model"]]
+        figure = next((f for f in mine if f.get("speed_points")), {})
+        e2e = next((f["e2e_speed"] for f in mine if f.get("e2e_speed")), None)
+        points = figure.get("speed_points", [])
+        agreement = [round(p["agreement"], 3) for p in points]
+        if e2e:  # end to end: measured over predicted speedup, round by round
+            agreement = [round(m / p, 3) for m, p in zip(e2e["measured"], e2e["predicted"], strict=True)]
+        results.append(
+            {
+                "model": test["model"],
+                "outcome": "harness error" if harness else test["outcome"],
+                "rounds": figure.get("rounds", e2e["rounds"] if e2e else 0),
+                "poor_fits": figure.get("poor_fit_rounds", 0),
+                "agreement": agreement,
+                "efficiency": round(figure["speed_efficiency"]["pass_cost_ratio"], 3) if figure else None,
+                "message": test["message"][-800:],
+            }
         )
-        if result["outcome"] != "passed":
-            print("    " + str(result["message"]).replace("\n", "\n    "))
-    return results
+    if not results:
+        results.append({"model": "?", "outcome": f"exit {proc.returncode}", "message": proc.stdout[-800:]})
+    return seconds, results
 
 
-def tally(label: str, results: list[dict[str, object]]) -> str:
-    outcomes = [r["outcome"] for r in results]
-    seconds = [float(r["seconds"]) for r in results]  # type: ignore[arg-type]
-    ratios = [x for r in results for x in r["pass_cost_ratio"]]  # type: ignore[union-attr]
-    return (
-        f"{label}: {outcomes.count('passed')}/{len(results)} passed, {outcomes.count('failed')} failed, "
-        f"{outcomes.count('skipped')} skipped; wall {min(seconds):.1f} to {max(seconds):.1f} s (median "
-        f"{statistics.median(seconds):.1f}); pass model/measured {min(ratios):.3f} to {max(ratios):.3f}"
-    )
+def series(label: str, models: list[str], runs: int, first_seed: int, engines: bool = False) -> list[dict[str, object]]:
+    everything = []
+    for seed in range(first_seed, first_seed + runs):
+        seconds, results = one_run(models, seed, engines)
+        everything += results
+        print(f"  {label} seed {seed}: {seconds:5.1f} s", flush=True)
+        for r in results:
+            print(
+                f"    {r['model']}: {r['outcome']}, {r.get('rounds')} rounds ({r.get('poor_fits')} not judged), "
+                f"measured/own model {r.get('agreement')}, x{r.get('efficiency')} of an efficient pass",
+                flush=True,
+            )
+            if r["outcome"] != "passed":
+                print("      " + str(r["message"]).replace("\n", "\n      "))
+    return everything
+
+
+def tally(label: str, results: list[dict[str, object]]) -> list[str]:
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        mine = [r for r in results if r["model"] == model]
+        outcomes = [r["outcome"] for r in mine]
+        agreement = [x for r in mine for x in r.get("agreement", [])]  # type: ignore[union-attr]
+        rounds = [int(r.get("rounds", 0)) for r in mine]  # type: ignore[arg-type]
+        lines.append(
+            f"{label}, {Path(str(model)).name}: {outcomes.count('passed')}/{len(mine)} passed, "
+            f"{outcomes.count('failed')} failed, {outcomes.count('skipped')} skipped, "
+            f"{outcomes.count('harness error')} harness errors; rounds {min(rounds)} to {max(rounds)} (median "
+            f"{statistics.median(rounds):g}); measured/own-model speedup "
+            + (f"{min(agreement):.3f} to {max(agreement):.3f}" if agreement else "-")
+        )
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--busy", type=int, default=2, help="CPU-bound processes for the loaded series")
-    parser.add_argument("--model", default="reference")
+    parser.add_argument("--busy", type=int, default=4, help="CPU-bound processes for the loaded series")
+    parser.add_argument("--model", action="append", help="a --spec-model value (repeatable; default: three)")
+    parser.add_argument(
+        "--engine",
+        action="append",
+        help="a --spec-engine value: run the end-to-end speed property instead (repeatable)",
+    )
     args = parser.parse_args()
-    print(f"idle: {args.runs} runs of the speed property on {args.model}", flush=True)
-    idle = series("idle", args.model, args.runs, 1)
+    engines = bool(args.engine)
+    models = args.engine or args.model or list(MODELS)
+    print(f"idle: {args.runs} runs of the speed property on {len(models)} subjects", flush=True)
+    idle = series("idle", models, args.runs, 1, engines)
     print(f"loaded: {args.runs} runs with {args.busy} CPU-bound processes beside it", flush=True)
     workers = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for worker in workers:
         worker.start()
     try:
-        loaded = series("loaded", args.model, args.runs, 101)
+        loaded = series("loaded", models, args.runs, 101, engines)
     finally:
         for worker in workers:
             worker.terminate()
-    print(tally("idle", idle))
-    print(tally(f"loaded ({args.busy} busy processes)", loaded))
+    for line in tally("idle", idle) + tally(f"loaded ({args.busy} busy processes)", loaded):
+        print(line)
     return 0 if all(r["outcome"] == "passed" for r in idle + loaded) else 1
 
 

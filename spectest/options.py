@@ -56,6 +56,13 @@ def non_negative(text: str) -> float:
     return value
 
 
+def speed_gate(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value < float("inf"):
+        raise ValueError(f"must be a multiple of an efficient pass's cost, a finite number >= 1, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -107,6 +114,25 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"action": "append", "default": None, "metavar": "X"},
     ),
     (
+        "--spec-engine",
+        "spec_engine",
+        "engine to check end to end, speculative decoding on: a registered name (e.g. 'transformers-assisted'), "
+        "'package.module:attr' or 'path/to/file.py:attr'; repeat for several",
+        {"action": "append", "default": None, "metavar": "X"},
+    ),
+    (
+        "--spec-target",
+        "spec_target",
+        "local checkpoint directory of the target model, for engines that load one (transformers-assisted)",
+        {"default": None, "metavar": "DIR"},
+    ),
+    (
+        "--spec-draft",
+        "spec_draft",
+        "local checkpoint directory of the draft model, with --spec-target",
+        {"default": None, "metavar": "DIR"},
+    ),
+    (
         "--spec-device",
         "spec_device",
         "device for the checks: cpu, cuda or cuda:N (default cpu)",
@@ -147,6 +173,14 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"default": None, "metavar": "TV"},
     ),
     (
+        "--spec-speed-gate",
+        "spec_speed_gate",
+        "fail the speed property when a pass costs more than RATIO times an efficient pass (the reference's "
+        "verify cost in the same loop); by default that ratio is measured and reported, and the property only "
+        "holds the measured speedup to the model with the implementation's own costs",
+        {"default": None, "metavar": "RATIO"},
+    ),
+    (
         "--spec-report",
         "spec_report",
         "write results.json, report.html and summary.md (plus plots) into this directory",
@@ -181,11 +215,20 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
+SUBJECTS = ("--spec-model", "--spec-engine")  # what a run checks: commands take them as positional arguments
+
+
 def add_pytest_options(parser: Any) -> None:
     group = parser.getgroup("spectest", "speculative decoding checks (spectest)")
     for flag, ini, help_text, extra in OPTIONS:
         group.addoption(flag, dest=ini, help=help_text, **extra)
         parser.addini(ini, help=help_text, type="linelist" if extra.get("action") == "append" else "string")
+    group.addoption(
+        "--spec-e2e-speed",
+        dest="spec_e2e_speed",
+        action="store_true",
+        help="also run the end-to-end speed property on --spec-engine engines (timing: a quiet machine, minutes)",
+    )
     group.addoption(
         "--spec-no-shrink",
         dest="spec_no_shrink",
@@ -196,9 +239,10 @@ def add_pytest_options(parser: Any) -> None:
 
 def add_argparse_options(parser: Any) -> None:
     for flag, ini, help_text, extra in OPTIONS:
-        if flag != "--spec-model":
+        if flag not in SUBJECTS:
             parser.add_argument(flag, dest=ini, help=help_text, **extra)
     parser.add_argument("--spec-no-shrink", dest="spec_no_shrink", action="store_true")
+    parser.add_argument("--spec-e2e-speed", dest="spec_e2e_speed", action="store_true")
 
 
 def to_pytest_args(namespace: Any) -> list[str]:
@@ -206,8 +250,9 @@ def to_pytest_args(namespace: Any) -> list[str]:
     args: list[str] = []
     for flag, ini, _, _ in OPTIONS:
         value = getattr(namespace, ini, None)
-        if value is not None and flag != "--spec-model":
+        if value is not None and flag not in SUBJECTS:
             args += [flag, str(value)]
-    if getattr(namespace, "spec_no_shrink", False):
-        args.append("--spec-no-shrink")
+    for flag in ("spec_no_shrink", "spec_e2e_speed"):
+        if getattr(namespace, flag, False):
+            args.append("--" + flag.replace("_", "-"))
     return args

@@ -9,6 +9,7 @@ imports nothing heavy: torch and the user's implementation are imported only whe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -17,6 +18,7 @@ from spectest import options
 from spectest.session import (
     FAILURE_KEY,
     MARKER,
+    MESSAGE_LIMIT,
     MODEL_KEY,
     RECORD_KEY,
     OptionError,
@@ -38,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _option(config: pytest.Config, name: str) -> Any:
     value = config.getoption(name)
-    if value in (None, [], False) and name != "spec_no_shrink":
+    if value in (None, [], False) and name not in ("spec_no_shrink", "spec_e2e_speed"):
         value = config.getini(name) or None
     return value
 
@@ -53,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "spec_speed: the speed property (seconds on CPU; deselect with -m 'not spec_speed')"
     )
+    config.addinivalue_line(
+        "markers", "spec_e2e_speed: the end-to-end speed property (minutes; runs with --spec-e2e-speed only)"
+    )
     worker_input = getattr(config, "workerinput", None)  # pytest-xdist worker: use the controller's seed
     try:
         session = SpecSession.from_options(
@@ -60,9 +65,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         if session.model_specs:
             session.models = _resolve_all(session.model_specs)
+        if session.engine_specs:
+            session.engines = _resolve_engines(session)
+        elif session.target_dir or session.draft_dir:
+            raise OptionError("--spec-target/--spec-draft apply to --spec-engine, and no engine was given")
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if session.model_specs and config.args_source != pytest.Config.ArgsSource.ARGS:
+    if (session.model_specs or session.engine_specs) and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(suite_dir())]  # no paths given: run the installed property suite
     config.stash[SESSION] = session
     config.pluginmanager.register(ResultCollector(session), "spectest-results")
@@ -91,6 +100,18 @@ def _resolve_all(specs: list[str]) -> list[Model]:
         raise OptionError(str(exc)) from None
 
 
+def _resolve_engines(session: SpecSession) -> list[Any]:
+    from spectest.e2e.resolve import resolve_engine
+    from spectest.resolve import ModelSpecError
+
+    try:
+        return [
+            resolve_engine(spec, target=session.target_dir, draft=session.draft_dir) for spec in session.engine_specs
+        ]
+    except ModelSpecError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def _session_models(config: pytest.Config) -> list[Model]:
     session = config.stash[SESSION]
     if not session.models:  # properties collected without --spec-model: check the reference
@@ -103,7 +124,7 @@ def _session_models(config: pytest.Config) -> list[Model]:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(SESSION, None)
-    if session is None or not session.model_specs:
+    if session is None or not (session.model_specs or session.engine_specs):
         return []
     from spectest.protocol import DEFAULT_DTYPES
 
@@ -120,17 +141,53 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         dtypes = f" (dtypes {', '.join(model.dtypes)})" if model.dtypes != DEFAULT_DTYPES else ""
         ties = f" (greedy ties: {model.tie_break})" if model.tie_break != "lowest-id" else ""
         described.append(f"{model.name}{caps}{dtypes}{ties}{lossy}{skip}")
+    engines = [
+        f"{e.name}{' [' + ', '.join(sorted(e.capabilities)) + ']' if e.capabilities else ''}"
+        f"{' (unavailable: ' + e.unavailable + ')' if e.unavailable else ''}"
+        for e in session.engines
+    ]
     return [
-        f"spectest: models: {', '.join(described)}",
+        *([f"spectest: models: {', '.join(described)}"] if described else []),
+        *([f"spectest: engines: {', '.join(engines)}"] if engines else []),
         f"spectest: device: {session.device}, seed: {session.seed} (replay with --spec-seed {session.seed}), "
         f"alpha: {session.alpha:g}, budget: {session.budget.name}, tolerance: TV {session.tolerance:g}",
     ]
 
 
+E2E_MODULE = "test_e2e.py"  # the suite's end-to-end properties; every other suite module checks verifiers
+
+
+def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
+    """The installed suite runs the properties of what the run checks: its end-to-end module only
+    with --spec-engine, its verifier modules only with --spec-model (or no subject at all)."""
+    session = config.stash.get(SESSION, None)
+    path = Path(str(collection_path))
+    if session is None or path.suffix != ".py" or path.parent != suite_dir():
+        return None
+    if path.name == E2E_MODULE:
+        return True if not session.engine_specs else None
+    return True if session.engine_specs and not session.model_specs else None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    session = metafunc.config.stash[SESSION]
     if "spec_model" in metafunc.fixturenames:
-        models = _session_models(metafunc.config)
+        # Engines alone: the verifier properties are not run (deselected at collection).
+        models = [] if session.engine_specs and not session.model_specs else _session_models(metafunc.config)
         metafunc.parametrize("spec_model", models, ids=[m.name for m in models], scope="session")
+    if "spec_engine" in metafunc.fixturenames:
+        engines = session.engines
+        metafunc.parametrize("spec_engine", engines, ids=[e.name for e in engines], scope="session")
+
+
+SUBJECT_PARAMETERS = ("spec_model", "spec_engine")
+
+
+def subject_of(item: pytest.Item) -> Any:
+    """The model or engine a collected property runs on (None for anything else)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    found = (params[name] for name in SUBJECT_PARAMETERS if name in params)
+    return next((subject for subject in found if hasattr(subject, "capabilities")), None)  # not pytest's NOTSET
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -141,16 +198,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     session = config.stash[SESSION]
     counts: dict[str, int] = {}
+    unrun = []  # a property whose subjects were not asked for (its parameter set is empty)
     for item in items:
         marker = item.get_closest_marker(MARKER)
-        callspec = getattr(item, "callspec", None)
-        if marker is None or callspec is None or "spec_model" not in callspec.params:
+        subject = subject_of(item)
+        if marker is not None and subject is None and set(SUBJECT_PARAMETERS) & set(item.fixturenames):
+            unrun.append(item)
+        elif item.get_closest_marker("spec_e2e_speed") is not None and not session.e2e_speed:
+            unrun.append(item)  # timing runs only when asked
+        if marker is None or subject is None or item in unrun[-1:]:
             continue
-        model = callspec.params["spec_model"]
-        counts[model.name] = counts.get(model.name, 0) + planned_checks(
-            marker.kwargs, session.budget, model.capabilities
+        counts[subject.name] = counts.get(subject.name, 0) + planned_checks(
+            marker.kwargs, session.budget, subject.capabilities
         )
     session.checks_per_model = counts
+    if unrun:
+        config.hook.pytest_deselected(items=unrun)
+        items[:] = [item for item in items if item not in unrun]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -166,46 +230,113 @@ def spec_device(request: pytest.FixtureRequest) -> Any:
     return torch.device(request.config.stash[SESSION].device)
 
 
+def _property_run(request: pytest.FixtureRequest, subject: Any, fixture: str, runner: Any) -> Any:
+    """A property's run on ``subject`` (skipped, saying why, where the subject cannot run here)."""
+    if subject.unavailable:
+        pytest.skip(f"{subject.name} cannot run here: {subject.unavailable}")
+    marker = request.node.get_closest_marker(MARKER)
+    if marker is None:
+        raise RuntimeError(f"{request.node.nodeid} uses the '{fixture}' fixture but has no {MARKER} marker")
+    return runner(request.config.stash[SESSION], subject, request.node, dict(marker.kwargs))
+
+
+@pytest.fixture
+def spec_e2e(request: pytest.FixtureRequest, spec_engine: Any) -> Any:
+    """The running end-to-end property on an engine (see spectest.e2e.run)."""
+    from spectest.e2e.run import EngineRun
+
+    return _property_run(request, spec_engine, "spec_e2e", EngineRun)
+
+
 @pytest.fixture
 def spec(request: pytest.FixtureRequest, spec_model: Model) -> Any:
     """The running property: Hypothesis settings, seeds, significance level and verdicts."""
     from spectest.suite.run import PropertyRun
 
-    if spec_model.unavailable:
-        pytest.skip(f"{spec_model.name} cannot run here: {spec_model.unavailable}")
-    marker = request.node.get_closest_marker(MARKER)
-    if marker is None:
-        raise RuntimeError(f"{request.node.nodeid} uses the 'spec' fixture but has no {MARKER} marker")
-    return PropertyRun(request.config.stash[SESSION], spec_model, request.node, dict(marker.kwargs))
+    return _property_run(request, spec_model, "spec", PropertyRun)
+
+
+IMPLEMENTATION_FAILURES = ("rule", "statistical")  # what only the implementation can be failed by
+HARNESS_ERROR_HELP = (
+    "This is a fault in spectest's own code (input generation, statistics, fits or reporting), not a "
+    "failure of the implementation under test: where it struck, the implementation's verdict is missing, not "
+    "negative. Please report it to the spectest maintainers with this traceback, the results file (--spec-results) "
+    "and the replay command."
+)
+
+
+def implementation_failure(exc: BaseException) -> BaseException | None:
+    """The exception that fails the implementation (a broken rule or a rejecting distribution
+    check), looking inside exception groups; None when the harness itself raised."""
+    if getattr(exc, "kind", None) in IMPLEMENTATION_FAILURES:
+        return exc
+    inner_exceptions = getattr(exc, "exceptions", None)  # an exception group (Python 3.11+)
+    if isinstance(inner_exceptions, (list, tuple)):
+        for inner in inner_exceptions:
+            found = implementation_failure(inner)
+            if found is not None:
+                return found
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Put into the report itself which model ran and what caught a failing property (a rule, a
-    distribution check, or a crash), so that both reach the results file (and the xdist
-    controller) without parsing text; a rule's or check's failure shows its message, not the
-    property's body."""
-    run = getattr(item, "funcargs", {}).get("spec")
+    """Put into the report itself which model ran and what caught a failing property (a rule or
+    a distribution check), so that both reach the results file (and the xdist controller)
+    without parsing text; a rule's or check's failure shows its message, not the property's body.
+    Anything else raised is the harness's own fault: a harness error, never the implementation's
+    failure (``pytest_report_teststatus`` shows it as an error, the exit code is 3)."""
+    funcargs = getattr(item, "funcargs", {})
+    run = funcargs.get("spec", funcargs.get("spec_e2e"))
     if call.when == "call" and hasattr(run, "finish"):
-        run.finish()  # before the report copies the item's records
+        try:
+            run.finish()  # before the report copies the item's records
+        except Exception:  # a bookkeeping fault must not turn a verdict into a crash; the records stand
+            pass
     outcome = yield
     report = outcome.get_result()
-    callspec = getattr(item, "callspec", None)
-    if item.get_closest_marker(MARKER) is None or callspec is None or "spec_model" not in callspec.params:
+    subject = subject_of(item)
+    if item.get_closest_marker(MARKER) is None or subject is None:
         return
-    report.user_properties.append((MODEL_KEY, callspec.params["spec_model"].name))
+    model = subject.name
+    report.user_properties.append((MODEL_KEY, model))
     if call.excinfo is None or not report.failed:
         return
-    exc = call.excinfo.value
-    kind = getattr(exc, "kind", None)
-    if kind in ("rule", "statistical"):
-        report.user_properties.append((FAILURE_KEY, {"kind": kind, "rule": str(exc.rule)}))
+    exc = implementation_failure(call.excinfo.value)
+    if exc is not None:
+        report.user_properties.append((FAILURE_KEY, {"kind": exc.kind, "rule": str(exc.rule)}))
         path, line, _ = item.location
         report.longrepr = f"{path}:{(line or 0) + 1}: {type(exc).__name__}\n{exc}"
-    else:
-        report.user_properties.append(
-            (FAILURE_KEY, {"kind": "crash", "rule": f"{type(exc).__name__}: {str(exc)[:300]}"})
+        return
+    error = call.excinfo.value
+    traceback = str(report.longrepr)
+    report.user_properties.append(
+        (
+            FAILURE_KEY,
+            {
+                "kind": "harness",
+                "rule": f"{type(error).__name__}: {str(error)[:300]}",
+                "stage": call.when,
+                "traceback": traceback[-MESSAGE_LIMIT:],
+            },
         )
+    )
+    report.longrepr = f"spectest HARNESS ERROR while checking {model}. {HARNESS_ERROR_HELP}\n\n{traceback}"
+
+
+def harness_error(report: pytest.TestReport) -> dict[str, Any] | None:
+    for key, value in report.user_properties:
+        if key == FAILURE_KEY and value.get("kind") == "harness":
+            return value
+    return None
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    """A harness error is reported as pytest reports errors ("E", counted as "error" in the
+    summary line), never as the implementation's failure."""
+    if report.failed and harness_error(report) is not None:
+        return "error", "E", ("HARNESS ERROR", {"red": True})
+    return None
 
 
 class ResultCollector:
@@ -223,37 +354,47 @@ class ResultCollector:
                 found[key] = value
         if found[MODEL_KEY] is None or not (report.when == "call" or report.outcome != "passed"):
             return
+        harness = (found[FAILURE_KEY] or {}).get("kind") == "harness"
         self.session.tests.append(
             {
                 "model": found[MODEL_KEY],
                 "property": report.nodeid.rpartition("::")[2].partition("[")[0],
                 "nodeid": report.nodeid,
-                "outcome": "error" if report.when != "call" and report.failed else report.outcome,
+                "outcome": "error" if report.failed and (harness or report.when != "call") else report.outcome,
                 "duration_s": report.duration,
-                "message": report.longreprtext[-8000:] if report.failed else "",
+                "message": report.longreprtext[-MESSAGE_LIMIT:] if report.failed or report.skipped else "",
                 "failure": found[FAILURE_KEY],
             }
         )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Write the results file (controller only) and render the reports from it."""
+        """Compute the summary, write the results file (controller only) and render the reports
+        from it. A fault here is a harness error too: reported, the results file kept, exit code 3."""
         if hasattr(session.config, "workerinput"):
             return
         from spectest.reporting.results import write_run
+        from spectest.reporting.summary import summary_lines
 
-        written = write_run(self.session)
+        spec_session = self.session
+        if spec_session.checks_per_model:
+            spec_session.summary = spec_session.guarded("summary", lambda: summary_lines(spec_session), [])
+        written = spec_session.guarded("results file", lambda: write_run(spec_session), [])
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if written and reporter is not None:
             reporter.write_line(f"spectest: results written to {', '.join(written)}")
+        if spec_session.harness_errors():
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION, None)
-    if session is None or not session.checks_per_model:
+    if session is None or not (session.checks_per_model or session.harness_errors()):
         return
-    from spectest.reporting.summary import summary_lines
-
     terminalreporter.section("spectest")
-    for line in summary_lines(session):
+    for line in session.summary:
         terminalreporter.write_line(line)
+    for error in session.harness_errors():
+        terminalreporter.write_line(f"spectest: HARNESS ERROR {error}", red=True, bold=True)
+    if session.harness_errors():
+        terminalreporter.write_line(f"spectest: {HARNESS_ERROR_HELP} (exit code 3)", red=True)

@@ -37,6 +37,8 @@ says: "lengths" (``verify(..., num_draft_tokens=n)``, int64 [B], vLLM's per-requ
 past a row's count are padding, ``target_probs[r, n_r]`` is its bonus row, and it emits at most
 n_r + 1 tokens. ``spectest_dtypes`` the probability dtypes it accepts (default float32 and float64; add
 "bfloat16", "float16" for half precision, held to the distribution the half values define).
+``spectest_speed_gate`` (a number >= 1): the speed property also fails the model when a pass
+costs more than that multiple of an efficient pass (``--spec-speed-gate`` for every model).
 
 Lossy schemes (typical acceptance, relaxed top-k) declare ``spectest_max_tv = TV`` (the largest
 total variation distance per emitted token they promise) or ``spectest_lossy = True`` (no promise:
@@ -129,6 +131,9 @@ class Model:
     tie_break: str = "lowest-id"  # greedy rows' rule for exactly tied top logits (TIE_BREAKS)
     dtypes: tuple[str, ...] = DEFAULT_DTYPES  # probability dtypes the harness hands it (DTYPE_NAMES)
     draft_padding: str = "lengths"  # how short rows are marked, with the ragged-drafts capability
+    # The speed property's efficiency gate the model asks for (spectest_speed_gate): its passes may
+    # cost at most this multiple of an efficient pass; None: measured and reported only.
+    speed_gate: float | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -174,7 +179,18 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
     padding = declared("spectest_draft_padding") or "lengths"
     if padding not in DRAFT_PADDINGS:
         raise ValueError(f"{name}: spectest_draft_padding must be one of {DRAFT_PADDINGS}, got {padding!r}")
+    gate = declared("spectest_speed_gate")
+    if gate is not None:
+        try:
+            gate = float(gate)
+        except (TypeError, ValueError):
+            gate = float("nan")
+        if not 1.0 <= gate < float("inf"):
+            raise ValueError(
+                f"{name}: spectest_speed_gate must be a finite number >= 1, got {declared('spectest_speed_gate')!r}"
+            )
     return Model(
+        speed_gate=gate,
         draft_padding=padding,
         dtypes=dtypes,
         tie_break=tie_break,

@@ -54,27 +54,33 @@ def resolve_model(spec: str) -> Model:
         raise ModelSpecError("--spec-model got an empty value")
     if spec in IN_PROCESS:
         return IN_PROCESS[spec]
-    registry = registered_models()
-    target = registry.get(spec, spec)
-    if ":" not in target:
-        known = ", ".join(sorted(registry)) or "none: is spectest installed? pip install -e ."
-        raise ModelSpecError(
-            f"--spec-model {spec!r} is not a registered name (known: {known}) and not of the form "
-            "'package.module:attr' or 'path/to/file.py:attr'"
-        )
-    location, _, attr_path = target.rpartition(":")
-    module = _load_module(spec, location)
-    obj: Any = module
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ModelSpecError(f"--spec-model {spec!r}: {location!r} has no attribute {attr_path!r}") from None
+    obj, module = load_object(spec, registered_models(), option="--spec-model")
     verify = verify_callable(spec, obj)
     try:
         return build_model(display_name(spec), spec, obj, verify, module)
     except ValueError as exc:
         raise ModelSpecError(f"--spec-model {spec!r}: {exc}") from None
+
+
+def load_object(spec: str, registry: dict[str, str], *, option: str) -> tuple[Any, Any]:
+    """(object, its module) named by ``spec``: a name in ``registry`` (entry points), or
+    ``package.module:attr``, or ``path/to/file.py:attr``; ``option`` names the flag in messages."""
+    target = registry.get(spec, spec)
+    if ":" not in target:
+        known = ", ".join(sorted(registry)) or "none: is spectest installed? pip install -e ."
+        raise ModelSpecError(
+            f"{option} {spec!r} is not a registered name (known: {known}) and not of the form "
+            "'package.module:attr' or 'path/to/file.py:attr'"
+        )
+    location, _, attr_path = target.rpartition(":")
+    module = _load_module(spec, location, option)
+    obj: Any = module
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ModelSpecError(f"{option} {spec!r}: {location!r} has no attribute {attr_path!r}") from None
+    return obj, module
 
 
 def display_name(spec: str) -> str:
@@ -85,12 +91,12 @@ def display_name(spec: str) -> str:
     return spec
 
 
-def _load_module(spec: str, location: str) -> Any:
+def _load_module(spec: str, location: str, option: str = "--spec-model") -> Any:
     try:
         if location.endswith(".py") or "/" in location or "\\" in location:
             path = Path(location).expanduser().resolve()
             if not path.is_file():
-                raise ModelSpecError(f"--spec-model {spec!r}: no such file {str(path)!r}")
+                raise ModelSpecError(f"{option} {spec!r}: no such file {str(path)!r}")
             module_name = f"spectest_user_{abs(hash(str(path)))}_{path.stem}"
             if module_name in sys.modules:
                 return sys.modules[module_name]
@@ -108,9 +114,7 @@ def _load_module(spec: str, location: str) -> Any:
     except ModelSpecError:
         raise
     except Exception as exc:
-        raise ModelSpecError(
-            f"--spec-model {spec!r}: importing {location!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ModelSpecError(f"{option} {spec!r}: importing {location!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def verify_callable(spec: str, obj: Any) -> Any:

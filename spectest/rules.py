@@ -36,8 +36,9 @@ COUPLING_BOUND = "lossless: never beats the maximal-coupling bound"
 GREEDY_IS_ARGMAX = "temperature 0 rows equal greedy decoding of the target"
 DRAFT_PROBS_DETERMINISTIC = "draft_probs depend only on the inputs"
 SEEDED_ROWS = "a seeded row's output depends only on the row and its seed"
-PASS_COST = "a pass costs at most x1.1 the model's"
+SPEEDUP_AGREES = "the measured speedup is within 10% of the model with the implementation's own costs"
 PASS_COST_FLOOR = "no pass costs less than with a free verifier"
+EFFICIENT_PASS = "a pass costs at most the speed gate's multiple of an efficient pass"
 FORCED_PATH = "a path the target forces is taken to its leaf"
 NEVER_ACCEPTS_IMPOSSIBLE_NODE = "a node whose token the target gives probability zero is never accepted"
 
@@ -54,7 +55,32 @@ TREE_TOKENS_PER_PASS = "accepted depth per tree pass, per row, against the exact
 BLOCK_TOKENS_PER_CALL = "tokens emitted per call, against the exact block-verification model"
 AT_LEAST_TOKEN_WISE = "accepts at least as many tokens per call as token-wise verification"
 
+# End to end (spectest.e2e): an engine's generation loop against its own target model
+E2E_OUTPUT = "generate returns max_new_tokens ids in [0, V) for every prompt"
+E2E_LOGITS = "target_logits and draft_logits return float [N, L, V] without NaN"
+E2E_PASSES = "passes, tokens_per_pass and draft_lengths hold one entry per prompt"
+E2E_SEEDED = "the same seed reproduces the output"
+E2E_BATCH_INVARIANT = "a seeded request's output does not depend on the rest of the batch"
+PIT_BY_ID_AT_POSITION = "PIT by token id, grouped by position in the generation"
+PIT_BY_PROBABILITY_AT_POSITION = "PIT by decreasing probability, grouped by position in the generation"
+PIT_BY_ID_AT_OFFSET = "PIT by token id, grouped by offset in the speculative pass"
+PIT_BY_PROBABILITY_AT_OFFSET = "PIT by decreasing probability, grouped by offset in the speculative pass"
+PIT_BY_RATIO_AT_POSITION = "PIT by draft/target ratio, grouped by position in the generation"
+PIT_BY_RATIO_AT_OFFSET = "PIT by draft/target ratio, grouped by offset in the speculative pass"
+PIT_CHECKS = (
+    PIT_BY_ID_AT_POSITION,
+    PIT_BY_PROBABILITY_AT_POSITION,
+    PIT_BY_RATIO_AT_POSITION,
+    PIT_BY_ID_AT_OFFSET,
+    PIT_BY_PROBABILITY_AT_OFFSET,
+    PIT_BY_RATIO_AT_OFFSET,
+)
+
 # Lossy mode (spectest.engine.tv): these checks compare the output with the target; for a model
 # that declares a maximum TV they measure the distance instead of testing exactness.
 OUTPUT_DISTRIBUTIONS = frozenset({JOINT, PER_POSITION, BONUS, PER_NODE, TREE_JOINT})
 WITHIN_MAX_TV = "output stays within the declared maximum TV distance of the target"
+
+# End to end, speed: tokens per pass and the engine's measured speedup
+ACCEPTANCE_TRIALS = "acceptance of each draft against sum_x min(p, q) along the engine's contexts, by offset"
+E2E_SPEEDUP_AGREES = "the engine's measured speedup is within 10% of the model with its own measured costs"

@@ -28,6 +28,7 @@ MARKER = "spec_property"  # spec_property(examples, checks, explicit=0)
 RECORD_KEY = "spectest"  # a record: {"kind": "check" | "figure", "model", "property", ...}
 FAILURE_KEY = "spectest-failure"  # what caught a failing property: {"kind", "rule"}
 MODEL_KEY = "spectest-model"  # the model's name, so nothing parses it back out of a node id
+MESSAGE_LIMIT = 8000  # characters of a failure's text kept in the results file
 
 
 def suite_dir() -> Path:
@@ -75,14 +76,50 @@ class SpecSession:
     shrink: bool
     run_seconds: float = DEFAULT_RUN_SECONDS
     property_seconds: float | None = None
+    engine_specs: list[str] = field(default_factory=list)  # --spec-engine: engines checked end to end
+    target_dir: str | None = None  # --spec-target: a local checkpoint for engines that load one
+    draft_dir: str | None = None
     max_tv: float | None = None  # --spec-max-tv: lossy mode for every model
+    speed_gate: float | None = None  # --spec-speed-gate: the speed property gates on efficiency
+    e2e_speed: bool = False  # --spec-e2e-speed: run the end-to-end speed property
     report_dir: str | None = None
     results_path: str | None = None
     models: list[Model] = field(default_factory=list)
+    engines: list[Any] = field(default_factory=list)  # spectest.e2e.protocol.EngineModel, resolved from engine_specs
     # model name -> statistical checks its selected properties declare (before -k deselection)
     checks_per_model: dict[str, int] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     tests: list[dict[str, Any]] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)  # the terminal summary, computed before the results file
+    # Faults of the harness outside any test (summary, results file, report): {stage, error, traceback}
+    stage_errors: list[dict[str, str]] = field(default_factory=list)
+
+    def guarded(self, stage: str, work: Callable[[], Any], fallback: Any) -> Any:
+        """``work()``, or ``fallback`` when it raises: the fault is recorded as a harness error of
+        ``stage`` (shown in the summary, kept in the results file, exit code 3), never a traceback
+        that loses what was already written."""
+        import traceback
+
+        try:
+            return work()
+        except Exception as exc:
+            self.stage_errors.append(
+                {
+                    "stage": stage,
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                    "traceback": traceback.format_exc()[-MESSAGE_LIMIT:],
+                }
+            )
+            return fallback
+
+    def harness_errors(self) -> list[str]:
+        """One line per harness error of the run: tests whose harness code raised, and stages."""
+        lines = [
+            f"in {t['nodeid']}: {t['failure']['rule']}"
+            for t in self.tests
+            if (t.get("failure") or {}).get("kind") == "harness"
+        ]
+        return lines + [f"while writing the {e['stage']}: {e['error']}" for e in self.stage_errors]
 
     @classmethod
     def from_options(cls, value: Callable[[str], Any], *, default_seed: int | None = None) -> SpecSession:
@@ -101,6 +138,9 @@ class SpecSession:
         seed = default_seed if default_seed is not None else random.SystemRandom().randrange(2**32)
         return cls(
             model_specs=list(value("spec_model") or []),
+            engine_specs=list(value("spec_engine") or []),
+            target_dir=value("spec_target"),
+            draft_dir=value("spec_draft"),
             device=check_device(str(value("spec_device") or "cpu")),
             seed=parse("spec_seed", options.seed, seed),
             alpha=parse("spec_alpha", options.probability, DEFAULT_ALPHA),
@@ -110,7 +150,9 @@ class SpecSession:
             run_seconds=parse("spec_run_seconds", options.positive_seconds, DEFAULT_RUN_SECONDS),
             property_seconds=parse("spec_property_seconds", options.positive_seconds, None),
             max_tv=parse("spec_max_tv", options.unit_interval, None),
+            speed_gate=parse("spec_speed_gate", options.speed_gate, None),
             shrink=not value("spec_no_shrink"),
+            e2e_speed=bool(value("spec_e2e_speed")),
             report_dir=value("spec_report"),
             results_path=value("spec_results"),
         )
@@ -134,8 +176,14 @@ class SpecSession:
         """Lossy-mode limit per emitted token for ``model``: --spec-max-tv, else its declaration; None: exact."""
         return self.max_tv if self.max_tv is not None else model.max_tv
 
-    def replay_command(self, model: Model, test_name: str) -> str:
-        parts = ["pytest", "--spec-model", model.source, "--spec-seed", str(self.seed)]
+    def speed_gate_for(self, model: Model) -> float | None:
+        """The largest multiple of an efficient pass ``model``'s passes may cost: --spec-speed-gate,
+        else its declaration (``spectest_speed_gate``); None: measured and reported, not gated."""
+        return self.speed_gate if self.speed_gate is not None else model.speed_gate
+
+    def replay_command(self, model: Model, test_name: str, *, flag: str = "--spec-model") -> str:
+        """The command that replays ``test_name`` on ``model`` (``flag``: --spec-model, or --spec-engine)."""
+        parts = ["pytest", flag, model.source, "--spec-seed", str(self.seed)]
         if self.device != "cpu":
             parts += ["--spec-device", self.device]
         if self.budget.name != "default":
@@ -150,6 +198,10 @@ class SpecSession:
             parts += ["--spec-property-seconds", repr(self.property_seconds)]
         if self.max_tv is not None:
             parts += ["--spec-max-tv", repr(self.max_tv)]
+        if self.speed_gate is not None:
+            parts += ["--spec-speed-gate", repr(self.speed_gate)]
+        if self.e2e_speed:
+            parts += ["--spec-e2e-speed"]
         parts += ["-k", test_name]
         return shlex.join(parts)
 

@@ -54,6 +54,12 @@ def declarations() -> dict[str, dict[str, tuple[str, ...]]]:
     return out
 
 
+def gated() -> dict[str, dict[str, tuple[str, ...]]]:
+    """ "file:bug" -> {property: rules}: exact verifiers caught only under the speed property's
+    efficiency gate (``GATED`` in tests/verifiers/slow.py; they pass a default run)."""
+    return {f"slow.py:{bug}": row for bug, row in load("slow.py").GATED.items()}
+
+
 def only_caught_by() -> dict[str, tuple[str, ...]]:
     """ "file:bug" -> the properties that alone catch it (every other property passes it)."""
     out = {}
@@ -77,6 +83,10 @@ def markdown() -> str:
         caught = [
             f"`{bug}` ({' or '.join(f'*{rule}*' for rule in row[prop])})"
             for bug, row in sorted(bugs.items())
+            if prop in row
+        ] + [
+            f"`{bug}` ({' or '.join(f'*{rule}*' for rule in row[prop])}, only under `--spec-speed-gate`)"
+            for bug, row in sorted(gated().items())
             if prop in row
         ]
         alone = [f"`{bug}`" for bug, props in sorted(only.items()) if props == (prop,)]

@@ -20,7 +20,7 @@ T = TypeVar("T")
 class Outcome:
     outcome: str  # passed, failed, error, skipped
     text: str
-    failure: dict | None = None  # from the results file: {"kind": rule|statistical|crash, "rule": ...}
+    failure: dict | None = None  # from the results file: {"kind": rule|statistical|harness, "rule": ...}
 
 
 @dataclass
@@ -31,8 +31,9 @@ class Run:
     document: dict | None = None  # the run's results file (spectest.results/1), when it wrote one
 
 
-def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
-    """``python -m pytest ARGS`` in ``workdir`` (outside the repo, as a user would run it)."""
+def run_pytest(args: list[str], workdir: Path, timeout: float = 900, env: dict[str, str] | None = None) -> Run:
+    """``python -m pytest ARGS`` in ``workdir`` (outside the repo, as a user would run it), with
+    ``env`` added to the environment."""
     xml = workdir / "results.xml"
     results_file = workdir / "spectest-results.json"
     command = [sys.executable, "-m", "pytest", *args, f"--junitxml={xml}", "-p", "no:cacheprovider"]
@@ -42,6 +43,7 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env} if env else None,
     )
     results: dict[tuple[str, str], Outcome] = {}
     if xml.exists():
@@ -59,7 +61,10 @@ def run_pytest(args: list[str], workdir: Path, timeout: float = 900) -> Run:
     document = json.loads(results_file.read_text()) if results_file.exists() else None
     for test in document["tests"] if document else []:
         if (test["model"], test["property"]) in results:
-            results[(test["model"], test["property"])].failure = test.get("failure")
+            outcome = results[(test["model"], test["property"])]
+            outcome.failure = test.get("failure")
+            if test["outcome"] == "error":  # a harness error (JUnit XML calls any failed call a failure)
+                outcome.outcome = "error"
     return Run(proc.returncode, proc.stdout + proc.stderr, results, document)
 
 

@@ -8,12 +8,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from spectest.simulators import CostModel, break_even_acceptance, speedup
 
 from spectest.implementations.reference import verify
 from spectest.protocol import Model
 from spectest.sampling import make_generator
-from spectest.speed.bench import PhaseFit, PointRound, SpeedPoint, break_even, round_costs
+from spectest.speed.bench import PhaseFit, PointRound, RoundCosts, SpeedPoint, break_even, round_costs
 from spectest.speed.clock import OWN_CLOCK
 from spectest.speed.decoding import (
     CostedMarkovLM,
@@ -110,6 +112,53 @@ def test_phase_fit_separates_bonus_and_rejection_costs():
     assert fit.bonus == pytest.approx(2.0) and fit.reject == pytest.approx(5.0) and fit.at(0.25) == pytest.approx(2.75)
     flat = PhaseFit.fit(np.array([1.0, 3.0]), np.array([1.0, 1.0]))  # r never varies: the mean at both ends
     assert flat.bonus == flat.reject == 2.0
+
+
+def test_phase_fit_ignores_one_stretched_pass():
+    rejected = np.array([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    seconds = 2.0 + 1.0 * rejected
+    seconds[0] = 50.0  # a preemption or a page fault stretched one pass
+    fit = PhaseFit.fit(seconds, rejected)
+    assert fit.bonus == pytest.approx(2.0, rel=0.05) and fit.reject == pytest.approx(3.0, rel=0.05)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=2, max_size=12),
+    st.lists(st.floats(0.0, 0.05), min_size=2, max_size=12),
+)
+def test_phase_fit_and_cost_model_never_go_negative_whatever_the_timings(rejected, seconds):
+    """However the timings fall (a busy machine made rejected passes look cheaper than free), every
+    fitted cost is >= 0 and the cost model's terms are valid: no timing can make the harness raise."""
+    size = min(len(rejected), len(seconds))
+    r, t = np.array(rejected[:size]), np.array(seconds[:size])
+    fit = PhaseFit.fit(t, r)
+    assert fit.bonus >= 0 and fit.reject >= 0
+    fits = [fit, PhaseFit(fit.reject, fit.bonus), fit, PhaseFit(0.0, fit.bonus)]
+    costs = RoundCosts(4, max(1e-6, float(t.mean())), float(t.max()) + 1e-6, *fits, calibration=(0.0, 1.0, 0.0, 2.0))
+    for model in (costs.cost_model(), costs.own_cost_model()):  # CostModel validates its terms on creation
+        assert model.overhead + model.rejection_overhead >= 0
+        assert speedup(0.5, 4, model) > 0
+
+
+def test_the_own_cost_model_prices_the_implementations_pass_from_its_calibration():
+    """Each phase as the implementation's all-accepted chunk timed it, plus what a rejection adds to
+    an efficient pass; an efficient pass is the reference's."""
+    fits = [PhaseFit(0.004, 0.004), PhaseFit(0.010, 0.010), PhaseFit(0.002, 0.003), PhaseFit(0.001, 0.001)]
+    costs = RoundCosts(4, 0.01, 0.012, *fits, calibration=(0.004, 0.011, 0.008, 0.001))
+    assert costs.pass_cost(1.0) == pytest.approx(0.018)
+    assert costs.own_pass_cost(0.0) == pytest.approx(0.024) and costs.own_pass_cost(1.0) == pytest.approx(0.025)
+    own = costs.own_cost_model()
+    assert own.overhead == pytest.approx(0.9) and own.rejection_overhead == pytest.approx(0.1)
+    assert speedup(1.0, 4, own) == pytest.approx(5 * 0.012 / 0.024)
+    assert RoundCosts(4, 0.01, 0.012, *fits).own_pass_cost(1.0) == costs.pass_cost(1.0)  # no calibration
+
+
+def test_a_round_whose_passes_scatter_beyond_its_timing_noise_is_not_judged():
+    fits = [PhaseFit(0.004, 0.004)] * 4
+    assert RoundCosts(4, 0.01, 0.012, *fits, fit_residual=0.05, step_noise=0.01).fit_ok
+    assert not RoundCosts(4, 0.01, 0.012, *fits, fit_residual=0.3, step_noise=0.01).fit_ok
+    assert RoundCosts(4, 0.01, 0.012, *fits, fit_residual=0.3, step_noise=0.2).fit_ok  # noise explains it
 
 
 def _decode(seconds: float, phases: list[list[float]], counts: list[int], k: int = 4) -> DecodeResult:

@@ -17,7 +17,7 @@ import pytest
 
 from spectest.reporting import plots
 from spectest.reporting.results import RESULTS_SCHEMA
-from spectest.rules import WITHIN_MAX_TV
+from spectest.rules import EFFICIENT_PASS, WITHIN_MAX_TV
 from tests import matrix
 from tests.runner_helpers import Run, run_pytest
 
@@ -95,7 +95,7 @@ def assert_no_crash(run: Run) -> None:
     crashed = {
         key: (o.outcome, o.failure)
         for key, o in run.results.items()
-        if o.outcome == "error" or (o.failure or {}).get("kind") == "crash"
+        if o.outcome == "error" or (o.failure or {}).get("kind") == "harness"
     }
     assert not crashed, f"the harness crashed:\n{crashed}\n{run.output[-3000:]}"
 
@@ -190,20 +190,36 @@ def test_correct_verifiers_pass_everything(tmp_path):
     )
 
 
-def test_speed_property_passes_the_reference_and_fails_slow_verifiers(tmp_path):
-    """Exact but slow verifiers (tests/verifiers/slow.py) fail the speed property by its cost rule;
-    the reference passes it; the report plots the sweep. At --spec-alpha 0.01 the sign tests need
-    13 rounds, not 27 (the level is explicit; the power claim is the same)."""
-    slow = [label for label in BUGS if label.startswith("slow.py")]
-    args = ["--spec-model", "reference"] + [a for label in slow for a in ("--spec-model", model_arg(label))]
+def speed_run(labels: list[str], tmp_path: Path, *extra: str) -> Run:
+    args = [a for label in labels for a in ("--spec-model", model_arg(label))]
+    return run_pytest([*args, "-k", "speed", "--spec-alpha", "0.01", *extra], tmp_path)
+
+
+def test_speed_property_holds_speedups_to_the_model_and_gates_efficiency_only_when_asked(tmp_path):
+    """By default the speed property holds each implementation to the model with its own costs: the
+    reference passes, a verifier that sleeps per rejection fails by the agreement rule, and one that
+    sleeps the same on every call passes (its efficiency is measured and reported). Declaring the
+    efficiency gate (spectest_speed_gate 1.1, as --spec-speed-gate does for every model) fails the
+    constant-cost one by the efficiency rule, and the reference still passes it. The report plots
+    the sweep. At --spec-alpha 0.01 the sign tests need fewer rounds (the level is explicit; the
+    power claim is the same)."""
+    agreement = [label for label in BUGS if label.startswith("slow.py")]
+    constant, gated = "slow.py:sleeps_per_call", "slow.py:sleeps_per_call_gated"
+    labels = ["reference", "correct.py:gated_reference", *agreement, constant, gated]
     report = tmp_path / "report"
-    run = run_pytest([*args, "-k", "speed", "--spec-alpha", "0.01", "--spec-report", str(report)], tmp_path)
-    assert run.results[("reference", SPEED)].outcome == "passed", run.output[-3000:]
-    for label in slow:
+    run = speed_run(labels, tmp_path, "--spec-report", str(report))
+    assert_no_crash(run)
+    for passing in ("reference", "correct.py:gated_reference", constant):
+        assert run.results[(passing, SPEED)].outcome == "passed", run.results[(passing, SPEED)].text[-2000:]
+    for label in agreement:
         assert_caught(run, label)
-    figures = [f for f in run.document["figures"] if f.get("speed_points")]
-    assert {f["model"] for f in figures} == {"reference", *slow}
-    assert all(len(f["speed_points"]) == 4 and f["break_even_predicted"] is not None for f in figures)
+    outcome = run.results[(gated, SPEED)]
+    assert outcome.failure == {"kind": "rule", "rule": EFFICIENT_PASS}, outcome.text[-2000:]
+    figures = {f["model"]: f for f in run.document["figures"] if f.get("speed_points")}
+    assert set(figures) == set(labels)
+    assert all(len(f["speed_points"]) == 4 and f["break_even_predicted"] is not None for f in figures.values())
+    assert figures[constant]["speed_efficiency"]["pass_cost_ratio"] < 1 / 1.1  # measured and reported, not gated
+    assert "of an efficient pass; spec decoding pays" in run.output
     assert "Speedup against acceptance" in (report / "report.html").read_text()
 
 
@@ -230,8 +246,20 @@ def test_every_bug_on_every_property(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_exact_verifier_slow_everywhere_fails_only_under_the_efficiency_gate(tmp_path):
+    """full_residual_every_position (about four times an efficient pass, whatever happens) fails by
+    the efficiency rule under --spec-speed-gate 1.1 (by default it passes: benchmarks/speed_stability.py
+    runs it 40 times, idle and loaded)."""
+    label = "slow.py:full_residual_every_position"
+    run = speed_run([label], tmp_path, "--spec-speed-gate", "1.1")
+    outcome = run.results[(label, SPEED)]
+    assert outcome.failure == {"kind": "rule", "rule": EFFICIENT_PASS}, outcome.text[-2000:]
+    assert "--spec-speed-gate 1.1" in outcome.text
+
+
+@pytest.mark.slow
 def test_slow_verifiers_pass_every_exactness_property(tmp_path):
-    slow = [label for label in ONLY if label.startswith("slow.py")]
+    slow = [label for label in ONLY if label.startswith("slow.py")] + ["slow.py:full_residual_every_position"]
     args = [a for label in slow for a in ("--spec-model", model_arg(label))]
     run = run_pytest([*args, *NOT_SPEED, "-n", "2"], tmp_path, timeout=1800)
     assert run.returncode == 0 and {o.outcome for o in run.results.values()} <= {"passed", "skipped"}, run.output[

@@ -155,7 +155,7 @@ def test_check_verifier_library_call(tmp_path, monkeypatch):
 
 def test_a_property_concluding_more_checks_than_it_declares_is_a_harness_error(tmp_path):
     """The significance split trusts each property's declared checks: concluding more is a loud
-    harness error (a crash in the results file), never a silent miscount."""
+    harness error (an error, kind "harness" in the results file), never a silent miscount."""
     (tmp_path / "test_miscounted.py").write_text(
         textwrap.dedent(
             """
@@ -176,5 +176,5 @@ def test_a_property_concluding_more_checks_than_it_declares_is_a_harness_error(t
     )
     run = run_pytest(["--spec-model", "reference", "-n", "0", str(tmp_path / "test_miscounted.py")], tmp_path)
     outcome = run.results[("reference", "test_undeclared_check")]
-    assert outcome.outcome == "failed" and outcome.failure["kind"] == "crash", outcome.text[-2000:]
+    assert outcome.outcome == "error" and outcome.failure["kind"] == "harness", outcome.text[-2000:]
     assert outcome.failure["rule"].startswith("HarnessError") and "declares checks=0" in outcome.failure["rule"]

@@ -8,10 +8,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectest.cli import bench, check, models, profile, report, simulate
+from spectest.cli import bench, check, e2e, models, profile, report, simulate
 
 SUBCOMMANDS = {
     "check": check,
+    "e2e": e2e,
     "models": models,
     "simulate": simulate,
     "bench": bench,

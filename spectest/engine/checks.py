@@ -69,6 +69,7 @@ class DistributionCheck:
         spent: Callable[[], float] | None = None,
         ledger: Ledger | None = None,
         measured: tuple[float, int] | None = None,
+        first_look: int = FIRST_BATCH,
     ) -> None:
         """``probs`` [G, C]: exact probabilities of each group's cells; ``reach`` [G]: expected
         samples per group per draw (1 if every draw lands in every group); ``views``: pooling
@@ -77,7 +78,9 @@ class DistributionCheck:
         (spectest.engine.tv); ``time_budget``: seconds of
         the implementation's own time (``spent()``, cumulative) after which the check concludes
         with the draws it has (at least ``min_draws``). Time does not depend on the counts, so
-        stopping on it keeps the fixed test valid; ``ledger`` accounts the statistics' own time."""
+        stopping on it keeps the fixed test valid; ``ledger`` accounts the statistics' own time;
+        ``first_look``: draws before the e-processes first look (then at every doubling), fewer
+        where one draw is expensive (an engine's whole generate call)."""
         self.ledger = ledger
         self.measured = measured
         self.time_budget = time_budget or None
@@ -113,7 +116,7 @@ class DistributionCheck:
         self.counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
         self.draws = 0
-        self.next_look = min(FIRST_BATCH, self.planned)
+        self.next_look = min(first_look, self.planned)
         self.min_draws = min_draws
 
     def _statistics(self) -> contextlib.AbstractContextManager[None]:

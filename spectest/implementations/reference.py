@@ -50,13 +50,15 @@ def verify(
 
 
 def working_precision(probs: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 probabilities as the float32 distribution they define (normalised): the ratio,
-    the residual and the uniforms then carry 24 bits, and the output follows the given values
-    exactly; float32 and float64 pass through untouched."""
+    """bf16/fp16 probabilities as the float32 distribution they define (normalised; a row of
+    zeros stays zeros): the ratio, the residual and the uniforms then carry 24 bits, and the
+    output follows the given values exactly; float32 and float64 pass through untouched."""
     if probs.dtype in (torch.float32, torch.float64):
         return probs
     wide = probs.float()
-    return wide / wide.sum(dim=-1, keepdim=True)
+    # A row of zeros (an engine's padding past a short row) stays zeros: 0/0 would put NaN where a
+    # fused step multiplies it by 0 (NaN * 0 is NaN), and the NaN would reach the sampled row.
+    return wide / wide.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=None) -> torch.Tensor:

@@ -176,10 +176,18 @@ def speedup_curve(figures: list[dict[str, Any]]) -> bytes | None:
             ax.scatter(
                 [p["acceptance"] for p in points], [p["measured"] for p in points], label=f"{record['model']} measured"
             )
+            grid = [i / 100 for i in range(101)]
             if record.get("costs"):
                 model = CostModel(**record["costs"])
-                grid = [i / 100 for i in range(101)]
-                ax.plot(grid, [speedup(a, k, model) for a in grid], label=f"{record['model']} model")
+                ax.plot(grid, [speedup(a, k, model) for a in grid], label=f"{record['model']} model, efficient pass")
+            if record.get("own_costs"):
+                own = CostModel(**record["own_costs"])
+                ax.plot(
+                    grid,
+                    [speedup(a, k, own) for a in grid],
+                    linestyle="--",
+                    label=f"{record['model']} model, own costs",
+                )
             if record.get("break_even_predicted") is not None:
                 ax.axvline(record["break_even_predicted"], linestyle=":", color="grey", label="predicted break-even a*")
             if record.get("break_even_measured") is not None:
@@ -272,3 +280,52 @@ def plot_profiles(profiles: list[Any], document: dict[str, Any], path: Any) -> N
         fig.savefig(path, format="png")
     finally:
         plt.close(fig)
+
+
+def pit_histograms(figures: list[dict[str, Any]]) -> bytes | None:
+    """End to end: each engine's PIT by token id, one line per group, against the uniform it must follow."""
+    records = [(f, name, h) for f in figures for name, h in (f.get("pit") or {}).items() if "token id" in name]
+    if not records:
+        return None
+
+    def draw(fig: Any, ax: Any) -> None:
+        for record, name, histogram in records[:6]:
+            counts = histogram["counts"]
+            bins = len(counts[0])
+            for label, row in zip(histogram["groups"], counts, strict=True):
+                total = sum(row)
+                if total:
+                    ax.step(
+                        [(i + 0.5) / bins for i in range(bins)],
+                        [c * bins / total for c in row],
+                        where="mid",
+                        label=f"{record['model']} {'offset' if 'offset' in name else ''} {label} (n={total})",
+                    )
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("PIT value (by token id)")
+        ax.set_ylabel("density (uniform = 1)")
+        ax.set_title("End to end: probability integral transform of every sampled token")
+        ax.legend(fontsize=6, ncol=2)
+
+    return _figure(draw, size=(7.0, 4.5))
+
+
+def acceptance_by_position(figures: list[dict[str, Any]]) -> bytes | None:
+    """End to end: mean acceptance sum_x min(p_t, q_t) at each position of the engine's output."""
+    records = [f for f in figures if f.get("acceptance_by_position")]
+    if not records:
+        return None
+
+    def draw(fig: Any, ax: Any) -> None:
+        for record in records:
+            points = sorted((int(t), a) for t, a in record["acceptance_by_position"].items())
+            ax.plot(
+                [t for t, _ in points], [a for _, a in points], marker="o", label=f"{record['model']}: {record['e2e']}"
+            )
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("position in the generation")
+        ax.set_ylabel("acceptance sum min(p, q)")
+        ax.set_title("End to end: measured acceptance along the engine's own contexts")
+        ax.legend(fontsize=6)
+
+    return _figure(draw)

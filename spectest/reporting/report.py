@@ -32,6 +32,8 @@ def _plots(document: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("Loss against speed (lossy mode)", plots.loss_against_speed(document["figures"])),
         ("Tokens per pass against the model", plots.tokens_per_pass(document["figures"])),
         ("Speedup against acceptance", plots.speedup_curve(document["figures"])),
+        ("End to end: PIT of the engine's tokens", plots.pit_histograms(document["figures"])),
+        ("End to end: acceptance by position", plots.acceptance_by_position(document["figures"])),
         ("Break-even acceptance", plots.break_even_table()),
     ]
     failing = [c for c in document["checks"] if not c.get("passed", True)]

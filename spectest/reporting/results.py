@@ -9,10 +9,13 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
   tie_break, draft_padding}]
   (``max_tv``: the declared lossy-mode limit per token, 1.0 for lossy without one, null for exact)
 * ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
-  (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text, truncated),
-  ``failure`` (null unless failed: ``kind`` "rule" (an exact rule, named in ``rule``),
-  "statistical" (a distribution check, named in ``rule``) or "crash" (anything else: the
-  exception, in ``rule``))
+  (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text or skip reason, truncated),
+  ``failure`` (null unless failed or errored: ``kind`` "rule" (an exact rule, named in ``rule``)
+  or "statistical" (a distribution check, named in ``rule``): the implementation failed; or
+  "harness": spectest's own code raised (the exception in ``rule``, the phase in ``stage``, the
+  ``traceback``), outcome "error", and the implementation's verdict on that property is missing)
+* ``harness_errors``: faults of the harness outside any test: [{``stage`` (summary, results
+  file, report), ``error``, ``traceback``}] (the run's exit code is then 3)
 * ``checks``: one entry per distribution check: ``model``, ``property``, ``check``, ``method``,
   ``passed``, ``statistic``, ``df``, ``p_value``, ``g_statistic``, ``log_e_value``, ``alpha``,
   ``n``, ``observed_tv``, ``tv_interval`` [low, high], ``min_detectable_tv``, ``tolerance``,
@@ -46,7 +49,6 @@ if TYPE_CHECKING:
 
 SCHEMA = "spectest.results/1"
 PACKAGES = ("spectest", "torch", "numpy", "scipy", "hypothesis", "pytest", "matplotlib", "cupy", "transformers")
-MESSAGE_LIMIT = 8000
 
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
 RESULTS_SCHEMA: dict[str, Any] = {
@@ -95,7 +97,12 @@ RESULTS_SCHEMA: dict[str, Any] = {
                     "failure": {
                         "type": ["object", "null"],
                         "required": ["kind", "rule"],
-                        "properties": {"kind": {"enum": ["rule", "statistical", "crash"]}, "rule": {"type": "string"}},
+                        "properties": {
+                            "kind": {"enum": ["rule", "statistical", "harness"]},
+                            "rule": {"type": "string"},
+                            "stage": {"type": "string"},
+                            "traceback": {"type": "string"},
+                        },
                     },
                 },
             },
@@ -125,6 +132,10 @@ RESULTS_SCHEMA: dict[str, Any] = {
             },
         },
         "figures": {"type": "array", "items": {"type": "object", "required": ["model", "property"]}},
+        "harness_errors": {
+            "type": "array",
+            "items": {"type": "object", "required": ["stage", "error", "traceback"]},
+        },
     },
 }
 
@@ -185,16 +196,29 @@ def describe_model(model: Any) -> dict[str, Any]:
         "dtypes": list(model.dtypes),  # probability dtypes the harness hands it
         "tie_break": model.tie_break,  # greedy rows' rule for exact ties
         "draft_padding": model.draft_padding,  # how short rows are marked (ragged-drafts models)
+        "speed_gate": model.speed_gate,  # declared efficiency gate of the speed property (null: none)
     }
 
 
-def document(env: dict[str, Any], tests: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[str, Any]:
+def document(
+    env: dict[str, Any],
+    tests: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    harness_errors: list[dict[str, str]] = (),
+) -> dict[str, Any]:
     """The results document from the records the properties attached to their reports (each
     says its ``kind``: a distribution ``check``, or a ``figure`` that is reported, not judged)."""
     strip = lambda r: {k: v for k, v in r.items() if k != "kind"}  # noqa: E731
     checks = [strip(r) for r in records if r["kind"] == "check"]
     figures = [strip(r) for r in records if r["kind"] == "figure"]
-    return {"schema": SCHEMA, "environment": env, "tests": tests, "checks": checks, "figures": figures}
+    return {
+        "schema": SCHEMA,
+        "environment": env,
+        "tests": tests,
+        "checks": checks,
+        "figures": figures,
+        "harness_errors": list(harness_errors),
+    }
 
 
 def write_run(session: SpecSession) -> list[str]:
@@ -210,21 +234,29 @@ def write_run(session: SpecSession) -> list[str]:
         tolerance=session.tolerance,
     )
     env["models"] = [describe_model(m) for m in session.models]
-    data = document(env, session.tests, session.records)
+    data = document(env, session.tests, session.records, session.stage_errors)
     written: list[str] = []
-    if session.results_path is not None:
-        write_atomically(Path(session.results_path), data)
-        written.append(str(session.results_path))
+    targets = [Path(session.results_path)] if session.results_path is not None else []
     if session.report_dir is not None:
-        directory = Path(session.report_dir)
-        write_atomically(directory / "results.json", data)  # first: nothing renders before it exists
-        written.append(str(directory / "results.json"))
-        try:
+        targets.append(Path(session.report_dir) / "results.json")  # first: nothing renders before it exists
+    for path in targets:
+        write_atomically(path, data)
+        written.append(str(path))
+    if session.report_dir is not None:
+
+        def render_report() -> list[str]:
             from spectest.reporting.report import render
 
-            written += map(str, render(finite(data), directory))
-        except Exception as exc:  # a rendering problem must not hide the results file
-            written.append(f"(report rendering failed: {type(exc).__name__}: {exc})")
+            return list(map(str, render(finite(data), Path(session.report_dir))))
+
+        rendered = session.guarded("report", render_report, None)
+        if rendered is None:  # a rendering fault must not hide the results file: it records the fault
+            data["harness_errors"] = list(session.stage_errors)
+            for path in targets:
+                write_atomically(path, data)
+            written.append(f"(report rendering failed: {session.stage_errors[-1]['error']})")
+        else:
+            written += rendered
     return written
 
 

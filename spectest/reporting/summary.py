@@ -35,6 +35,58 @@ def lossy_lines(session: SpecSession) -> list[str]:
     return lines
 
 
+def speed_lines(session: SpecSession) -> list[str]:
+    """Per model that ran the speed property: how its speedup follows its own-cost model, and how
+    far its passes are from an efficient pass (measured always, gated only on request)."""
+    lines = []
+    for record in figures(session.records):
+        if not record.get("speed_points") or "speed_efficiency" not in record:
+            continue
+        agreement = [p["agreement"] for p in record["speed_points"] if p.get("agreement") is not None]
+        best = record["speed_efficiency"]
+        own, efficient = record.get("break_even_own"), record.get("break_even_predicted")
+        gate = record.get("speed_gate")
+        lines.append(
+            f"{record['model']}: speed: measured speedup x{min(agreement):.3f} to x{max(agreement):.3f} of the model "
+            f"with its own costs; x{best['pass_cost_ratio']:.2f} of an efficient pass; spec decoding pays "
+            f"{best['speedup_measured']:.2f}x here instead of {best['speedup_efficient']:.2f}x (a = "
+            f"{best['acceptance']:.2f}); break-even a* = {'never' if own is None else format(own, '.3f')} with its own "
+            f"costs, {'never' if efficient is None else format(efficient, '.3f')} for an efficient pass"
+            + (f"; efficiency gate x{gate:g}" if gate else " (efficiency not gated: --spec-speed-gate RATIO)")
+        )
+    return lines
+
+
+def e2e_lines(session: SpecSession) -> list[str]:
+    """End to end: what each engine's output checks could detect, and its speed against its model."""
+    lines = []
+    for record in figures(session.records):
+        speed = record.get("e2e_speed")
+        if speed:
+            measured, predicted = statistics.median(speed["measured"]), statistics.median(speed["predicted"])
+            even = speed["break_even"]
+            low, high = speed.get("measured_interval", (measured, measured))
+            plow, phigh = speed.get("predicted_interval", (predicted, predicted))
+            by_position = [round(a, 2) for a in speed.get("acceptance_by_position", {}).values()]
+            lines.append(
+                f"{record['model']}: end to end, K={speed['k']}, {speed['rounds']} rounds: speedup {measured:.3f}x "
+                f"measured [{low:.3f}, {high:.3f}], {predicted:.3f}x predicted [{plow:.3f}, {phigh:.3f}] from its "
+                f"acceptance and its parts; tokens per pass {statistics.median(speed['tokens_per_pass_measured']):.3f} "
+                f"measured, {statistics.median(speed['tokens_per_pass_expected']):.3f} predicted; "
+                f"{1e3 * statistics.median(speed['unexplained_per_pass_s']):.2f} ms per pass unexplained; break-even "
+                f"acceptance {'never (a pass costs more than K + 1 plain steps)' if even is None else format(even, '.3f')}; "
+                f"optimal K {speed.get('optimal_k') or 'none (no K beats plain decoding)'}; acceptance by position "
+                f"{by_position}"
+            )
+        if record.get("acceptance_by_position"):
+            values = list(record["acceptance_by_position"].values())
+            lines.append(
+                f"{record['model']}: end to end ({record['e2e']}): acceptance sum min(p, q) along its own contexts "
+                f"{values[0]:.3f} at the first position, {values[-1]:.3f} at the last"
+            )
+    return lines
+
+
 def summary_lines(session: SpecSession) -> list[str]:
     lines = session.split_lines()
     shown = figures(session.records)
@@ -47,6 +99,8 @@ def summary_lines(session: SpecSession) -> list[str]:
                 f"{len(efficiency)} cases"
             )
     lines += lossy_lines(session)
+    lines += speed_lines(session)
+    lines += e2e_lines(session)
     statistical = [r for r in checks(session.records) if r["df"] > 0]
     if statistical:
         failed = [r for r in statistical if not r["passed"]]

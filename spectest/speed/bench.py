@@ -3,21 +3,28 @@
 Every cost the model needs is measured in the same *round* as the decoding it predicts, on a
 clock other processes cannot steal from (:mod:`spectest.speed.clock`), with torch on one thread. A
 round runs, for each acceptance point, three interleaved chunks: plain decoding, speculative
-decoding with the reference verifier (the model's costs), and speculative decoding with the
-implementation under test. The loops time their own phases, so each cost is measured under
+decoding with the reference verifier (the loop's costs), and speculative decoding with the
+implementation under test; and once per round the implementation with every draft accepted
+(the *calibration* chunk). The loops time their own phases, so each cost is measured under
 the decoding run's own conditions:
 
 * t1: a target step (forward over one position) and a plain token (forward plus sampling);
 * a pass: K draft steps, one target forward over K + 1 positions, the verify call, and the
-  rest (writes, loop control), each fitted as ``cost(r) = cost_bonus + (cost_reject -
-  cost_bonus) r`` over all the round's reference passes, where r is the fraction of rows whose
-  pass ended in a rejection (costs that depend on how a pass ended are in the model).
+  rest (writes, loop control), each fitted as ``cost(r) = cost_bonus (1 - r) + cost_reject r``
+  over all the round's reference passes (non-negative, robust: :meth:`PhaseFit.fit`), where r
+  is the fraction of rows whose pass ended in a rejection.
 
 In units of t1, that is Leviathan et al.'s model with both overheads measured: speedup(a) =
 E[L](a) (1 + o_plain) / (K c + 1 + d K + o(a)), o(a) = o_bonus + (o_reject - o_bonus)(1 - a^K).
-The model is the cost of an *efficient* pass: verification costs what the reference's costs.
-An implementation whose passes cost more (a full residual at every position, a wait per
-rejection) measures below the model, and the speed property says by how much.
+Two models come out of a round, differing only in the verify term:
+
+* the implementation's *own* costs: its pass, phase by phase, as the calibration chunk timed
+  it (every draft accepted: a timing that does not use the acceptance any point tests), plus
+  what a rejection adds to an efficient pass. The speed property holds the measured speedup to
+  this prediction: a verifier whose cost grows with rejections, or that wastes accepted drafts,
+  measures below it;
+* an *efficient* pass: the reference's verify cost. How far the implementation's passes are
+  from it is always measured and reported, and gated only on request (``--spec-speed-gate``).
 
 The pair used makes acceptance identical in every context (see
 :func:`spectest.speed.decoding.uniform_acceptance_pair`), so E[L] of the i.i.d. chain is exact.
@@ -33,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
+from scipy import optimize
 
 from spectest.protocol import Model
 from spectest.sampling import make_generator
@@ -47,14 +55,22 @@ from spectest.speed.decoding import (
     uniform_acceptance_pair,
 )
 
-SPEED_MARGIN = 1.1  # the model's claim: a pass costs within 10% of it
+SPEED_MARGIN = 1.1  # the model's claim: the measured speedup within 10% of the prediction
+# A round whose reference passes scatter around the fitted costs by more than this share of a
+# pass (median absolute residual), and by more than FIT_NOISE_FACTOR times the spread of the
+# round's identical target steps, cannot price a pass: it is left out of the verdicts.
+FIT_RESIDUAL_LIMIT = SPEED_MARGIN - 1
+FIT_NOISE_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """A decoder-shaped workload: V = 32000, a target whose step reads ``target_mb`` of
     weights, a draft reading ``draft_mb``, per-position arithmetic of ``layers`` [n, H] x [H, H]
-    products; each round times ``tokens`` plain steps and ``passes`` speculative passes per point."""
+    products; each round times ``tokens`` plain steps, ``passes`` speculative passes of the
+    reference (the model's costs) and ``model_passes`` of the implementation (default
+    ``passes``) per point. A batch of several rows averages tokens per pass over rows, so one
+    round's speedup is measured to a few percent rather than to the spread of one row's passes."""
 
     vocab: int = 32000
     k: int = 4
@@ -65,9 +81,14 @@ class BenchConfig:
     layers: int = 2
     batch: int = 1
     tokens: int = 16  # per row in each plain chunk
-    passes: int = 6  # in each speculative chunk
+    passes: int = 6  # in each reference (and calibration) chunk
     seed: int = 0
     device: str = "cpu"
+    model_passes: int | None = None  # in each of the implementation's chunks (default: passes)
+
+    @property
+    def implementation_passes(self) -> int:
+        return self.model_passes or self.passes
 
 
 @dataclass(frozen=True)
@@ -82,45 +103,108 @@ class PhaseFit:
 
     @classmethod
     def fit(cls, seconds: np.ndarray, rejected: np.ndarray) -> PhaseFit:
-        """Least squares over passes; the mean for both ends when r does not vary."""
+        """cost(r) = bonus (1 - r) + reject r over the passes, with both ends >= 0 (a cost cannot
+        be negative, however noisy the timings) and a robust loss (Cauchy: one pass that a page
+        fault or a preemption stretched does not move the fit); the median at both ends when r
+        does not vary."""
+        seconds = np.asarray(seconds, dtype=np.float64)
+        rejected = np.asarray(rejected, dtype=np.float64)
         if np.ptp(rejected) < 1e-12:
-            mean = float(seconds.mean())
-            return cls(mean, mean)
-        slope, intercept = np.polyfit(rejected, seconds, 1)
-        return cls(float(intercept), float(intercept + slope))
+            middle = max(0.0, float(np.median(seconds)))
+            return cls(middle, middle)
+        design = np.stack([1 - rejected, rejected], axis=1)
+        scale = max(float(np.median(np.abs(seconds - np.median(seconds)))), 1e-3 * float(np.abs(seconds).max()), 1e-12)
+        start = np.clip(np.linalg.lstsq(design, seconds, rcond=None)[0], 0.0, None)
+        fitted = optimize.least_squares(
+            lambda x: design @ x - seconds, start, bounds=(0.0, np.inf), loss="cauchy", f_scale=scale
+        )
+        bonus, reject = (max(0.0, float(v)) for v in fitted.x)
+        return cls(bonus, reject)
+
+
+def relative_spread(values: np.ndarray) -> float:
+    """Median absolute deviation over the median: how much identical timings scatter."""
+    values = np.asarray(values, dtype=np.float64)
+    middle = float(np.median(values))
+    return float(np.median(np.abs(values - middle))) / middle if middle > 0 else float("inf")
+
+
+PHASES = ("draft", "verify_forward", "verify", "rest")
 
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """The model's costs in seconds, from one round's plain and reference chunks."""
+    """The model's costs in seconds, from one round's plain and reference chunks, and the
+    implementation's own pass from its calibration chunk (every draft accepted)."""
 
     k: int
     target_step: float  # target forward over one position (t1)
     plain_token: float  # one plain decoding step: forward, sampling, writes
     draft: PhaseFit  # K draft steps
     verify_forward: PhaseFit  # target forward over K + 1 positions
-    verify: PhaseFit  # the verifier call, contract checks included
+    verify: PhaseFit  # the reference's verify call, contract checks included
     rest: PhaseFit  # writes and loop control
+    # The implementation's pass with every draft accepted, phase by phase (median seconds).
+    calibration: tuple[float, float, float, float] | None = None
+    fit_residual: float = 0.0  # reference passes around the fitted pass cost (median |residual| / median pass)
+    step_noise: float = 0.0  # spread of the round's identical target steps (relative_spread)
 
-    def pass_cost(self, rejected: float) -> float:
-        return sum(f.at(rejected) for f in (self.draft, self.verify_forward, self.verify, self.rest))
+    @property
+    def fit_ok(self) -> bool:
+        """Does the fit price a pass as well as the round's own timing noise allows? A round whose
+        passes scatter more than FIT_RESIDUAL_LIMIT and FIT_NOISE_FACTOR times the step noise cannot."""
+        return self.fit_residual <= max(FIT_RESIDUAL_LIMIT, FIT_NOISE_FACTOR * self.step_noise)
+
+    @property
+    def phases(self) -> tuple[PhaseFit, PhaseFit, PhaseFit, PhaseFit]:
+        """An efficient pass: the reference's, phase by phase."""
+        return (self.draft, self.verify_forward, self.verify, self.rest)
+
+    @property
+    def own_phases(self) -> tuple[PhaseFit, PhaseFit, PhaseFit, PhaseFit]:
+        """The implementation's own pass: each phase as its calibration chunk timed it (every draft
+        accepted: a timing that does not use the acceptance any point tests; a verifier that slows
+        the loop around it, by evicting caches say, pays for that here too), plus what a rejection
+        adds to that phase in an efficient pass (the residual row)."""
+        if self.calibration is None:
+            return self.phases
+        return tuple(
+            PhaseFit(own, max(0.0, own + fit.reject - fit.bonus))
+            for own, fit in zip(self.calibration, self.phases, strict=True)
+        )  # type: ignore[return-value]
+
+    def pass_cost(self, rejected: float, phases: Sequence[PhaseFit] | None = None) -> float:
+        """Seconds of a pass in which a share ``rejected`` of the rows ended in a rejection: an
+        efficient pass, or the given phases'."""
+        return sum(f.at(rejected) for f in phases or self.phases)
+
+    def own_pass_cost(self, rejected: float) -> float:
+        """The same pass at the implementation's own costs."""
+        return self.pass_cost(rejected, self.own_phases)
 
     def pass_cost_without_verify(self, rejected: float) -> float:
         """What a pass would cost with a free verifier: no implementation can beat it."""
         return self.pass_cost(rejected) - self.verify.at(rejected)
 
-    def cost_model(self) -> CostModel:
-        """Leviathan et al.'s terms in target steps: c, d, o for a bonus pass and a rejected one, o_plain."""
-        t1 = self.target_step
+    def cost_model(self, phases: Sequence[PhaseFit] | None = None) -> CostModel:
+        """Leviathan et al.'s terms in target steps: c, d, o for a bonus pass and a rejected one,
+        o_plain; for an efficient pass, or the given phases. Every fit is non-negative, so the
+        terms are valid whatever the timings."""
+        draft, verify_forward, verify, rest = phases or self.phases
+        t1 = max(self.target_step, 1e-12)
         k = self.k
-        overhead = (self.verify.bonus + self.rest.bonus) / t1
+        overhead = max(0.0, (verify.bonus + rest.bonus) / t1)
+        rejected = max(0.0, (verify.reject + rest.reject) / t1)
         return CostModel(
-            cost_ratio=max(0.0, self.draft.at(0.5) / k / t1),
-            verify_growth=max(0.0, (self.verify_forward.at(0.5) / t1 - 1) / k),
-            overhead=max(0.0, overhead),
-            rejection_overhead=(self.verify.reject + self.rest.reject) / t1 - overhead,
+            cost_ratio=max(0.0, draft.at(0.5) / k / t1),
+            verify_growth=max(0.0, (verify_forward.at(0.5) / t1 - 1) / k),
+            overhead=overhead,
+            rejection_overhead=rejected - overhead,
             plain_overhead=max(0.0, self.plain_token / t1 - 1),
         )
+
+    def own_cost_model(self) -> CostModel:
+        return self.cost_model(self.own_phases)
 
     def as_dict(self) -> dict[str, float]:
         model = self.cost_model()
@@ -145,11 +229,19 @@ def rejected_fraction(result: DecodeResult) -> np.ndarray:
     return (result.tokens_per_pass <= result.k).double().mean(dim=0).cpu().numpy()
 
 
-def round_costs(plains: Sequence[DecodeResult], references: Sequence[DecodeResult], k: int) -> RoundCosts:
+def round_costs(
+    plains: Sequence[DecodeResult],
+    references: Sequence[DecodeResult],
+    k: int,
+    calibration: DecodeResult | None = None,
+) -> RoundCosts:
     phases = np.concatenate([r.phases for r in references])
     rejected = np.concatenate([rejected_fraction(r) for r in references])
     plain_phases = np.concatenate([p.phases for p in plains])
     fits = [PhaseFit.fit(phases[:, i], rejected) for i in range(4)]
+    fitted = sum(f.bonus + (f.reject - f.bonus) * rejected for f in fits)
+    totals = phases.sum(axis=1)
+    scale = float(np.median(totals))
     return RoundCosts(
         k=k,
         target_step=float(plain_phases[:, 0].mean()),
@@ -158,32 +250,42 @@ def round_costs(plains: Sequence[DecodeResult], references: Sequence[DecodeResul
         verify_forward=fits[1],
         verify=fits[2],
         rest=fits[3],
+        calibration=None if calibration is None else tuple(float(x) for x in np.median(calibration.phases, axis=0)),
+        fit_residual=float(np.median(np.abs(totals - fitted))) / scale if scale > 0 else float("inf"),
+        step_noise=relative_spread(plain_phases[:, 0]),
     )
 
 
 @dataclass
 class PointRound:
-    """One acceptance point in one round: the implementation's chunk against the round's model."""
+    """One acceptance point in one round: the implementation's chunk against the round's models."""
 
     round: int
     tokens: int  # emitted by the implementation, over all rows
     passes: int
     rejected: float  # fraction of (row, pass) ending in a rejection
     pass_cost: float  # measured seconds per pass
-    model_pass_cost: float  # the round's model at this chunk's rejections
+    model_pass_cost: float  # an efficient pass (the reference's verify) at this chunk's rejections
     free_verify_pass_cost: float  # the model with a free verifier
-    plain_steps: float  # the chunk's time in plain decoding steps of the same round
-    predicted: float  # the model's speedup at the point's exact acceptance
+    plain_steps: float  # the chunk's time in plain decoding tokens of the same round
+    predicted: float  # an efficient pass's speedup at the point's exact acceptance
+    own_predicted: float = float("nan")  # the speedup the model predicts with the implementation's own costs
+    fit_ok: bool = True  # the round's costs price a pass within its timing noise (see RoundCosts.fit_ok)
 
     @property
     def speedup(self) -> float:
-        """Measured: tokens per row over the plain steps the same time buys."""
+        """Measured: tokens over the plain tokens the same time buys."""
         return self.tokens / self.plain_steps
 
     @property
     def cost_ratio(self) -> float:
-        """Model pass cost over measured (below 1: the implementation's passes cost more)."""
+        """Efficient pass cost over measured (below 1: the implementation's passes cost more)."""
         return self.model_pass_cost / self.pass_cost
+
+    @property
+    def agreement(self) -> float:
+        """Measured speedup over the speedup its own costs predict (1: the model describes it)."""
+        return self.speedup / self.own_predicted
 
 
 @dataclass
@@ -191,7 +293,12 @@ class SpeedPoint:
     mix: float
     acceptance_exact: float
     rounds: list[PointRound] = field(default_factory=list)
-    tokens_per_pass_counts: list[int] = field(default_factory=list)  # passes that emitted 1..K+1
+    tokens_per_pass_counts: list[int] = field(default_factory=list)  # row-passes that emitted 1..K+1
+
+    @property
+    def judged(self) -> list[PointRound]:
+        """The rounds whose costs priced a pass (all of them, when none did)."""
+        return [r for r in self.rounds if r.fit_ok] or self.rounds
 
     @property
     def acceptance_measured(self) -> float:
@@ -201,22 +308,33 @@ class SpeedPoint:
 
     @property
     def speedup_measured(self) -> float:
-        """All rounds pooled: tokens over the plain steps their time would have bought."""
-        return sum(r.tokens for r in self.rounds) / sum(r.plain_steps for r in self.rounds)
+        """All rounds pooled: tokens over the plain tokens their time would have bought."""
+        return sum(r.tokens for r in self.judged) / sum(r.plain_steps for r in self.judged)
 
     @property
     def speedup_predicted(self) -> float:
-        return statistics.median(r.predicted for r in self.rounds)
+        """An efficient pass's speedup (median over rounds)."""
+        return statistics.median(r.predicted for r in self.judged)
+
+    @property
+    def speedup_own(self) -> float:
+        """The speedup the implementation's own costs predict (median over rounds)."""
+        return statistics.median(r.own_predicted for r in self.judged)
 
     @property
     def ratio(self) -> float:
-        """Measured over predicted speedup."""
+        """Measured over an efficient pass's predicted speedup."""
         return self.speedup_measured / self.speedup_predicted
 
     @property
+    def agreement(self) -> float:
+        """Measured over the speedup predicted with the implementation's own costs."""
+        return self.speedup_measured / self.speedup_own
+
+    @property
     def pass_cost_ratio(self) -> float:
-        """Model over measured pass cost (median over rounds)."""
-        return statistics.median(r.cost_ratio for r in self.rounds)
+        """Efficient pass cost over measured (median over rounds): x0.4 means 2.5 times an efficient pass."""
+        return statistics.median(r.cost_ratio for r in self.judged)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -251,14 +369,20 @@ class SpeedBench:
             device=self.device,
             seed=1,
         )
+        # The last draft is the calibration one: equal to the target, every draft accepted.
+        calibration = uniform_acceptance_pair(cfg.vocab, 0.0, seed=cfg.seed, device=self.device)
         self.drafts = [
             CostedMarkovLM(
                 pair[1], hidden=cfg.draft_hidden, layers=cfg.layers, weight_mb=cfg.draft_mb, device=self.device, seed=2
             )
-            for pair in self.pairs
+            for pair in [*self.pairs, calibration]
         ]
         self.history: list[RoundCosts] = []
         self.rounds_run = 0
+
+    @property
+    def calibration_index(self) -> int:
+        return len(self.drafts) - 1
 
     def _generator(self, *labels: object) -> torch.Generator:
         text = ":".join(map(str, (self.config.seed, *labels)))
@@ -277,7 +401,7 @@ class SpeedBench:
             phases=True,
         )
 
-    def _speculative(self, verifier: Model, index: int, label: object) -> DecodeResult:
+    def _speculative(self, verifier: Model, index: int, label: object, passes: int | None = None) -> DecodeResult:
         cfg = self.config
         return speculative_decode(
             self.target,
@@ -285,7 +409,7 @@ class SpeedBench:
             verifier,
             batch=cfg.batch,
             tokens=0,
-            passes=cfg.passes,
+            passes=passes or cfg.passes,
             k=cfg.k,
             start=cfg.vocab,
             generator=self._generator(index, label),
@@ -295,18 +419,27 @@ class SpeedBench:
             timeout=self.timeout,
         )
 
-    def timing_spread(self, repeats: int = 15) -> float:
-        """Interquartile range over median of repeated identical target steps: can this machine be timed?"""
+    def timing_spread(self, repeats: int = 15, attempts: int = 3, warm: int = 5) -> float:
+        """Interquartile range over median of repeated identical target steps: can this machine be
+        timed? After ``warm`` untimed steps (the first ones after start-up pay for cold caches and
+        pages), the smallest spread of up to ``attempts`` series: one quiet series shows the clock
+        can time this machine; a machine noisy in every series cannot be timed."""
         tokens = torch.zeros((self.config.batch, 1), dtype=torch.int64, device=self.device)
+        spreads = []
         with single_threaded():
-            self.target.forward(tokens)
-            times = []
-            for _ in range(repeats):
-                started = self.clock()
+            for _ in range(warm):
                 self.target.forward(tokens)
-                times.append(self.clock() - started)
-        q1, q2, q3 = statistics.quantiles(times, n=4)
-        return (q3 - q1) / q2 if q2 > 0 else float("inf")
+            for _ in range(attempts):
+                times = []
+                for _ in range(repeats):
+                    started = self.clock()
+                    self.target.forward(tokens)
+                    times.append(self.clock() - started)
+                q1, q2, q3 = statistics.quantiles(times, n=4)
+                spreads.append((q3 - q1) / q2 if q2 > 0 else float("inf"))
+                if spreads[-1] <= 0.1:
+                    break
+        return min(spreads)
 
     def warm_up(self) -> None:
         with single_threaded():
@@ -315,30 +448,34 @@ class SpeedBench:
                 self._speculative(verifier, len(self.points) - 1, "warm-up")
 
     def run_round(self, indices: Sequence[int]) -> list[PointRound]:
-        """One round over the given points; returns each point's comparison with this round's model."""
+        """One round over the given points; returns each point's comparison with this round's models.
+
+        Besides the points, the round times the implementation once with every draft accepted
+        (the calibration chunk): its verify cost there is the implementation's own cost in the
+        model, measured without the acceptance any point tests."""
         cfg = self.config
         label = self.rounds_run
         self.rounds_run += 1
         plains, references, chunks = [], [], []
+        model_passes = cfg.implementation_passes
         with single_threaded():
+            calibration = self._speculative(self.model, self.calibration_index, ("calibration", label))
             for i in indices:
                 plains.append(self._plain((label, i)))
                 # Alternate which of the two speculative chunks runs first, so neither always finds warm caches.
                 if label % 2 == 0:
                     references.append(self._speculative(self.reference, i, ("reference", label)))
-                    chunks.append(self._speculative(self.model, i, ("model", label)))
+                    chunks.append(self._speculative(self.model, i, ("model", label), model_passes))
                 else:
-                    chunks.append(self._speculative(self.model, i, ("model", label)))
+                    chunks.append(self._speculative(self.model, i, ("model", label), model_passes))
                     references.append(self._speculative(self.reference, i, ("reference", label)))
-        costs = round_costs(plains, references, cfg.k)
+        costs = round_costs(plains, references, cfg.k, calibration)
         self.history.append(costs)
         out = []
-        model = costs.cost_model()
+        model, own = costs.cost_model(), costs.own_cost_model()
         for i, chunk in zip(indices, chunks, strict=True):
             point = self.points[i]
-            rejected = rejected_fraction(chunk)
-            r = float(rejected.mean())
-            measured = chunk.seconds / chunk.passes
+            r = float(rejected_fraction(chunk).mean())
             assert chunk.tokens_per_pass is not None
             lengths = chunk.tokens_per_pass.flatten().cpu()
             counts = torch.bincount(lengths - 1, minlength=cfg.k + 1).tolist()
@@ -350,20 +487,29 @@ class SpeedBench:
                 tokens=chunk.emitted,
                 passes=chunk.passes,
                 rejected=r,
-                pass_cost=measured,
+                pass_cost=chunk.seconds / chunk.passes,
                 model_pass_cost=costs.pass_cost(r),
                 free_verify_pass_cost=costs.pass_cost_without_verify(r),
                 plain_steps=chunk.seconds / costs.plain_token * cfg.batch,
                 predicted=speedup(point.acceptance_exact, cfg.k, model),
+                own_predicted=speedup(point.acceptance_exact, cfg.k, own),
+                fit_ok=costs.fit_ok,
             )
             point.rounds.append(result)
             out.append(result)
         return out
 
-    def pooled_costs(self) -> CostModel:
-        """The model with every round's costs pooled (medians of each term): for reports and a*."""
-        models = [c.cost_model() for c in self.history]
+    def pooled_costs(self, *, own: bool = False) -> CostModel:
+        """The model with every round's costs pooled (medians of each term; rounds whose fit
+        priced a pass, when there are any): an efficient pass's, or with ``own`` the implementation's."""
+        rounds = [c for c in self.history if c.fit_ok] or self.history
+        models = [c.own_cost_model() if own else c.cost_model() for c in rounds]
         return CostModel(**{name: statistics.median(getattr(m, name) for m in models) for name in COST_TERMS})
+
+    @property
+    def poor_fits(self) -> int:
+        """Rounds whose costs did not price a pass within the round's timing noise."""
+        return sum(not c.fit_ok for c in self.history)
 
 
 COST_TERMS = ("cost_ratio", "verify_growth", "overhead", "rejection_overhead", "plain_overhead")
@@ -398,9 +544,12 @@ def point_record(point: SpeedPoint, k: int, costs: CostModel) -> dict[str, objec
         "measured": point.speedup_measured,
         "predicted": point.speedup_predicted,
         "ratio": point.ratio,
+        "predicted_own": point.speedup_own,
+        "agreement": point.agreement,
         "pass_cost_ratio": point.pass_cost_ratio,
         "pass_cost": costs.pass_cost(k, point.acceptance_exact) / (1 + costs.plain_overhead),
         "rounds": len(point.rounds),
+        "rounds_judged": sum(r.fit_ok for r in point.rounds),
         "counts": point.tokens_per_pass_counts,
         "model_probs": tokens_per_pass_iid(point.acceptance_exact, k).probs.tolist(),
         "tokens_per_pass": point.tokens_per_pass,

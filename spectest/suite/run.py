@@ -86,11 +86,15 @@ class HarnessError(RuntimeError):
     """The harness itself is wrong (a property breaks its own declaration), not the implementation."""
 
 
-class PropertyRun:
-    """One property on one model: what it declared (``marker``: examples, checks, explicit),
-    the run's configuration, and the verdicts it reaches."""
+class SuiteRun:
+    """One property on one subject (a verifier model or an engine): what it declared (``marker``:
+    examples, checks, explicit), the run's configuration, and the verdicts it reaches. The
+    statistics, seeds, budgets and verdicts are the same for every subject; :class:`PropertyRun`
+    adds the verifier's calls, :class:`spectest.e2e.run.EngineRun` an engine's."""
 
-    def __init__(self, session: SpecSession, model: Model, node: pytest.Item, marker: dict[str, Any]) -> None:
+    replay_flag = "--spec-model"
+
+    def __init__(self, session: SpecSession, model: Any, node: pytest.Item, marker: dict[str, Any]) -> None:
         self.session = session
         self.model = model
         self.node = node
@@ -103,14 +107,7 @@ class PropertyRun:
         self.concluded = 0  # statistical conclusions in the current example
         self.alpha = session.alpha_per_check(model.name)
         self.test_name = getattr(node, "originalname", node.name)
-        self.replay = session.replay_command(model, self.test_name)
-        # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
-        # A top-k tree model's chain view hands it one-hot drafts: not the chain's standard rule.
-        self.tree_standard = "standard-rejection" in model.capabilities
-        self.block = BLOCK_VERIFICATION in model.capabilities  # held to the block model instead
-        self.standard = self.tree_standard and not (
-            getattr(model.verify, "spectest_chain_view", False) and model.tree_drafting == "top-k"
-        )
+        self.replay = session.replay_command(model, self.test_name, flag=self.replay_flag)
         # Lossy mode: the largest TV per emitted token this model may show (None: exact).
         self.max_tv = session.max_tv_for(model)
         self.ledger = Ledger(cpu_time if self.device.type == "cpu" else OWN_CLOCK)
@@ -128,12 +125,20 @@ class PropertyRun:
         return self.max_tv is not None
 
     def distribution(
-        self, name: str, probs: np.ndarray, *, case_seed: int = 0, tokens: int = 1, **kwargs: Any
+        self,
+        name: str,
+        probs: np.ndarray,
+        *,
+        case_seed: int = 0,
+        tokens: int = 1,
+        time_budget: float | None = None,
+        **kwargs: Any,
     ) -> DistributionCheck:
         """A distribution check at this run's per-check level and tolerance (see spectest.engine.checks).
         In lossy mode an output-distribution check measures TV instead, its limit the model's
         maximum per token times ``tokens``, the tokens each cell spans (TV of an L-token joint is
-        at most the sum of its L per-token distances)."""
+        at most the sum of its L per-token distances). ``time_budget``: the allowance of checks
+        that share their draws (see :meth:`shared_allowance`); by default the check's own."""
         measured = None
         if self.max_tv is not None and name in rules.OUTPUT_DISTRIBUTIONS:
             measured = (min(1.0, self.max_tv * tokens), tokens)
@@ -143,7 +148,7 @@ class PropertyRun:
             alpha=self.alpha,
             tolerance=self.session.tolerance,
             seed=case_seed,
-            time_budget=self._check_budget(),
+            time_budget=time_budget if time_budget is not None else self._check_budget(),
             spent=lambda: self.ledger.total("calls"),
             ledger=self.ledger,
             measured=measured,
@@ -159,6 +164,12 @@ class PropertyRun:
             return None
         return check_allowance(self.budget, self.ledger.total("calls"), self.planned_checks, self.checks_started)
 
+    def shared_allowance(self, checks: int) -> float | None:
+        """Own time for ``checks`` distribution checks fed by the same draws (an engine's call feeds
+        every PIT check of a case at once): the sum of their shares, each check running on all of it."""
+        allowances = [self._check_budget() for _ in range(checks)]
+        return None if allowances[0] is None else sum(allowances)  # type: ignore[arg-type]
+
     def finish(self) -> None:
         """Record how the property's time split between inputs, the implementation and the statistics."""
         if self.checks_started or self.ledger.total("calls"):
@@ -171,12 +182,16 @@ class PropertyRun:
         example count, seed and shrinking policy. Statistical failures and contract violations
         propagate with their messages."""
         __tracebackhide__ = True
-        if len(explicit) != self.explicit:
-            raise RuntimeError(f"{self.test_name}: marker declares {self.explicit} explicit cases, got {len(explicit)}")
+        if len(explicit) > self.explicit:
+            raise HarnessError(
+                f"{self.test_name}: its marker declares at most {self.explicit} explicit cases, got {len(explicit)}"
+            )
         phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if self.session.shrink else [])
+        # Fewer explicit cases than declared (they may depend on the model) leave room for generated
+        # ones: the examples, and so the checks the significance split counted, stay the same.
         settings = hypothesis.settings(
             profile_for_budget(self.session.budget.name),
-            max_examples=self.examples - self.explicit,
+            max_examples=self.examples - len(explicit),
             phases=phases,
             derandomize=False,
         )
@@ -196,64 +211,6 @@ class PropertyRun:
     def generators(self, seed: int) -> tuple[torch.Generator, torch.Generator]:
         """Independent generators for the harness's own draws and for the verifier."""
         return make_generator(seed, self.device), make_generator(seed ^ 0x5DEECE66D, self.device)
-
-    def verify(
-        self,
-        draft_token_ids: torch.Tensor,
-        draft_probs: torch.Tensor,
-        target_probs: torch.Tensor,
-        generator: torch.Generator,
-        *,
-        num_draft_tokens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        with self.ledger.measure("calls"):
-            return call_verify(
-                self.model,
-                draft_token_ids,
-                draft_probs,
-                target_probs,
-                generator,
-                timeout=self.session.timeout,
-                num_draft_tokens=num_draft_tokens,
-            )
-
-    def verify_logits(
-        self,
-        draft_token_ids: torch.Tensor,
-        draft_logits: torch.Tensor,
-        target_logits: torch.Tensor,
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> torch.Tensor:
-        with self.ledger.measure("calls"):
-            return call_verify_logits(
-                self.model,
-                draft_token_ids,
-                draft_logits,
-                target_logits,
-                params,
-                generator,
-                timeout=self.session.timeout,
-            )
-
-    def verify_tree(
-        self,
-        parents: torch.Tensor,
-        draft_token_ids: torch.Tensor,
-        draft_probs: torch.Tensor,
-        target_probs: torch.Tensor,
-        generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.ledger.measure("calls"):
-            return call_verify_tree(
-                self.model, parents, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
-            )
-
-    def propose(
-        self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.ledger.measure("calls"):
-            return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)
 
     def require(self, ok: bool, rule: str, detail: str) -> None:
         """An exact check: fail naming the model and the rule."""
@@ -338,3 +295,76 @@ class PropertyRun:
                 f"replay: {self.replay}",
                 check=result.check.partition(", pooled ")[0],
             )
+
+
+class PropertyRun(SuiteRun):
+    """A verifier property: its calls go through the protocol's contract (shape, dtype, ids,
+    exceptions, hangs) and are timed as the implementation's own."""
+
+    def __init__(self, session: SpecSession, model: Model, node: pytest.Item, marker: dict[str, Any]) -> None:
+        super().__init__(session, model, node, marker)
+        # Declared standard token-wise rejection sampling: p = q then means certain acceptance.
+        # A top-k tree model's chain view hands it one-hot drafts: not the chain's standard rule.
+        self.tree_standard = "standard-rejection" in model.capabilities
+        self.block = BLOCK_VERIFICATION in model.capabilities  # held to the block model instead
+        self.standard = self.tree_standard and not (
+            getattr(model.verify, "spectest_chain_view", False) and model.tree_drafting == "top-k"
+        )
+
+    def verify(
+        self,
+        draft_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator,
+        *,
+        num_draft_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        with self.ledger.measure("calls"):
+            return call_verify(
+                self.model,
+                draft_token_ids,
+                draft_probs,
+                target_probs,
+                generator,
+                timeout=self.session.timeout,
+                num_draft_tokens=num_draft_tokens,
+            )
+
+    def verify_logits(
+        self,
+        draft_token_ids: torch.Tensor,
+        draft_logits: torch.Tensor,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        with self.ledger.measure("calls"):
+            return call_verify_logits(
+                self.model,
+                draft_token_ids,
+                draft_logits,
+                target_logits,
+                params,
+                generator,
+                timeout=self.session.timeout,
+            )
+
+    def verify_tree(
+        self,
+        parents: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.ledger.measure("calls"):
+            return call_verify_tree(
+                self.model, parents, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
+            )
+
+    def propose(
+        self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.ledger.measure("calls"):
+            return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)

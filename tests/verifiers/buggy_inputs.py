@@ -4,11 +4,13 @@ how it reads its inputs. ``BUGS`` declares the properties that must catch each a
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from spectest import rules as R
 from spectest.implementations.reference import verify as reference_verify
 from spectest.implementations.reference import verify_at, working_precision
+from spectest.sampling import inverse_cdf_blocked
 
 spectest_capabilities = frozenset({"standard-rejection"})
 spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
@@ -73,6 +75,30 @@ def cumsum_in_half_precision(draft_token_ids, draft_probs, target_probs, *, gene
     return verify_at(draft_token_ids, q, p, u, sample)
 
 
+def cumsum_in_float16(draft_token_ids, draft_probs, target_probs, *, generator):
+    """The reference, but given half-precision inputs (bf16 or fp16) the extra token's inverse CDF
+    runs over a running sum kept in float16, as a kernel with a ``half`` accumulator does (numpy's
+    float16 cumsum rounds every partial sum; torch's accumulates in float32 and rounds only the
+    output). Its spacing is 2^-11 near 1 and 2^-14 near 0.1: at V = 1536 on a Dirichlet row the
+    rounding moves a TV of about 0.1, and at V = 32000 the sum stalls far below 1, so the tail of
+    the vocabulary is never drawn."""
+    batch, k = draft_token_ids.shape
+    half = target_probs.dtype in (torch.float16, torch.bfloat16)
+    q, p = working_precision(draft_probs), working_precision(target_probs)
+    u = torch.rand((batch, k), generator=generator, device=p.device, dtype=p.dtype)
+    v = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
+
+    def sample(weights):
+        if not half:
+            return inverse_cdf_blocked(weights, v)
+        values = weights.float().cpu().numpy().astype(np.float16)
+        cdf = torch.from_numpy(np.cumsum(values, axis=-1, dtype=np.float16).astype(np.float64)).to(weights.device)
+        point = v[:, None] * cdf[:, -1:]
+        return torch.searchsorted(cdf, point, right=True).clamp(max=weights.shape[-1] - 1).squeeze(1)
+
+    return verify_at(draft_token_ids, q, p, u, sample)
+
+
 PER_POSITION = "test_every_row_and_position_is_exact"
 OUTPUT = (R.PER_POSITION, R.NEVER_IMPOSSIBLE, R.ACCEPTED_ARE_DRAFTS)
 BUGS = {
@@ -82,6 +108,9 @@ BUGS = {
     "residual_via_ratio": {PER_POSITION: (*OUTPUT, R.DOES_NOT_RAISE, R.IDS_IN_RANGE)},
     # Exact in float32 and float64: the per-position property's explicit case is bf16 for models that take it.
     "cumsum_in_half_precision": {PER_POSITION: OUTPUT},
+    # Exact in float32 and float64 and at small V: the per-position property's explicit cases reach
+    # each declared half dtype at V = 32000 on a non-flat target.
+    "cumsum_in_float16": {PER_POSITION: OUTPUT},
 }
 ONLY = ("reads_strides_as_contiguous",)
 
@@ -116,6 +145,29 @@ class BonusFromLastPosition:
 ignores_draft_counts = IgnoresDraftCounts()
 bonus_from_last_position = BonusFromLastPosition()
 RAGGED = "test_short_rows_emit_at_most_their_drafts_plus_one"
-BUGS["ignores_draft_counts"] = {RAGGED: (R.RAGGED_LENGTH,)}
-BUGS["bonus_from_last_position"] = {RAGGED: (R.PER_POSITION, R.NEVER_IMPOSSIBLE)}
+# Both read padding rows: where an engine left zeros there, what they sample from them is garbage.
+BUGS["ignores_draft_counts"] = {RAGGED: (R.RAGGED_LENGTH, R.IDS_IN_RANGE, R.NEVER_IMPOSSIBLE)}
+BUGS["bonus_from_last_position"] = {RAGGED: (R.PER_POSITION, R.NEVER_IMPOSSIBLE, R.IDS_IN_RANGE)}
 ONLY += ("ignores_draft_counts", "bonus_from_last_position")
+
+
+class VerifiesPaddingThenCuts:
+    """Declares ragged drafts, verifies every slot as if each row carried K drafts (the padding
+    included), then cuts each row to n_r + 1 tokens. Exact when the padding ids happen to be honest
+    draws from the padding q (a speculative step against any draft is exact), wrong when they hold
+    what an engine's buffers hold: the row's (n_r + 1)-th token is a padding id accepted against
+    padding, or a correction against it, instead of the bonus from p at n_r."""
+
+    spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator, num_draft_tokens=None):
+        emitted = reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+        if num_draft_tokens is None:
+            return emitted
+        slots = torch.arange(emitted.shape[1], device=emitted.device)
+        return emitted.masked_fill(slots.unsqueeze(0) > num_draft_tokens.unsqueeze(1), -1)
+
+
+verifies_padding_then_cuts = VerifiesPaddingThenCuts()
+BUGS["verifies_padding_then_cuts"] = {RAGGED: (R.PER_POSITION, R.NEVER_IMPOSSIBLE)}
+ONLY += ("verifies_padding_then_cuts",)

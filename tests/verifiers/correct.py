@@ -73,6 +73,16 @@ class VerifierObject:
 as_object = VerifierObject()
 
 
+class GatedReference(VerifierObject):
+    """The reference declaring the speed property's efficiency gate (``spectest_speed_gate``): an
+    efficient pass, so it passes the gate."""
+
+    spectest_speed_gate = 1.1
+
+
+gated_reference = GatedReference()
+
+
 class OneHotDraftLogits:
     """Logits-level control that treats the draft as one-hot: accepts d with probability p(d)
     under the processed target, on rejection samples that target without d. Lossless for any draft."""

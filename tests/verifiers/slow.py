@@ -1,7 +1,15 @@
-"""Exact but slow chain verifiers: every exactness property passes them, the speed property must not.
+"""Exact but slow chain verifiers: every exactness property passes them; the speed property tells them apart.
 
-Each is the reference algorithm, distributed exactly as it should be, with a cost the model of
-an efficient pass does not allow: ``pytest --spec-model tests/verifiers/slow.py:full_residual_every_position``.
+Each is the reference algorithm, distributed exactly as it should be, at another cost:
+
+* ``sleeps_per_rejection`` costs more the more drafts are rejected: its measured speedup falls
+  short of what its own costs predict, and it fails the speed property by default;
+* ``sleeps_per_call`` (a fixed wait per call) and ``full_residual_every_position`` (about four
+  times an efficient pass) cost the same whatever happens: they follow the model with their own
+  costs (they pass by default) and fail only when the efficiency gate is asked for
+  (``--spec-speed-gate 1.1``, or the model's ``spectest_speed_gate``: ``sleeps_per_call_gated``).
+
+``pytest --spec-model tests/verifiers/slow.py:sleeps_per_rejection -k speed``
 """
 
 from __future__ import annotations
@@ -53,7 +61,35 @@ def sleeps_per_rejection(draft_token_ids, draft_probs, target_probs, *, generato
     return emitted
 
 
+SLEEP_PER_CALL_S = 0.002
+
+
+def sleeps_per_call(draft_token_ids, draft_probs, target_probs, *, generator):
+    """Waits 2 ms on every call, whatever happens (a host round trip per step, say): a constant
+    cost, about 1.3 times an efficient pass of the speed property's workload."""
+    emitted = reference_verify(draft_token_ids, draft_probs, target_probs, generator=generator)
+    time.sleep(SLEEP_PER_CALL_S)
+    return emitted
+
+
+class SleepsPerCallGated:
+    """``sleeps_per_call`` declaring the efficiency gate itself (``spectest_speed_gate``)."""
+
+    spectest_capabilities = frozenset({"standard-rejection"})
+    spectest_speed_gate = 1.1
+
+    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
+        return sleeps_per_call(draft_token_ids, draft_probs, target_probs, generator=generator)
+
+
+sleeps_per_call_gated = SleepsPerCallGated()
 SPEED = "test_measured_speedup_follows_the_model"
 # name -> {property that must fail it: the rule that names it}; both pass every other property.
-BUGS = {"full_residual_every_position": {SPEED: (R.PASS_COST,)}, "sleeps_per_rejection": {SPEED: (R.PASS_COST,)}}
+BUGS = {"sleeps_per_rejection": {SPEED: (R.SPEEDUP_AGREES,)}}
 ONLY = tuple(BUGS)
+# Caught only under the efficiency gate (--spec-speed-gate, or declared): exact, following their own cost model.
+GATED = {
+    "sleeps_per_call": {SPEED: (R.EFFICIENT_PASS,)},
+    "sleeps_per_call_gated": {SPEED: (R.EFFICIENT_PASS,)},
+    "full_residual_every_position": {SPEED: (R.EFFICIENT_PASS,)},
+}

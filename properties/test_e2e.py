@@ -1,0 +1,124 @@
+"""End to end: an engine's whole generation loop with speculative decoding on, against its own target.
+
+``pytest --spec-engine X`` runs these on X (``spectest.e2e.protocol``). The harness computes every
+token's processed target itself, from the engine's raw target logits along its own output and
+each request's parameters: it never trusts the engine's processing, which is where loop bugs live
+(parameters not applied to the target, the wrong logits slice, argmax fallbacks, stale caches,
+rejected drafts left in the output, seeds ignored).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectest import rules
+from spectest.e2e.cases import EngineCase, draw_requests, engine_cases
+from spectest.e2e.output import Tally, check_engine_output, require_exact, score
+from spectest.e2e.passes import check_acceptance
+from spectest.e2e.protocol import BATCH_INVARIANT, DRAFT_LOGITS, PLAIN, SEEDED, TOKEN_WISE
+from spectest.e2e.speed_check import check_engine_speed
+from spectest.sampling_params import NO_SEED, SamplingParams
+
+GREEDY_CALLS = 2
+
+
+@pytest.mark.spec_property(examples=2, explicit=1, checks=6)
+def test_engine_output_follows_the_target(spec_e2e) -> None:
+    """Every token of greedy, plain and filtered requests against the processed target: exact rules,
+    and the PIT by token id, by probability and (for an engine with draft logits) by draft/target
+    ratio, by position (and by offset in the pass for an engine that reports its passes and
+    verifies token-wise)."""
+    spec_e2e.given(
+        engine_cases(),
+        lambda case: check_engine_output(spec_e2e, case),
+        explicit=[EngineCase(requests=8, max_new_tokens=16, prompt_lengths=(2, 8), mix="mixed", seed=1)],
+    )
+
+
+@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(TOKEN_WISE, DRAFT_LOGITS))
+def test_tokens_per_pass_follow_the_engines_acceptance(spec_e2e) -> None:
+    """Every draft the loop verified, against sum_x min(p, q) of the processed target and draft along
+    the engine's own contexts: a loop that throws accepted drafts away accepts fewer than its own
+    acceptance allows (see spectest.e2e.passes)."""
+    spec_e2e.given(
+        engine_cases(mixes=("sampled", "filtered")),
+        lambda case: check_acceptance(spec_e2e, case),
+        explicit=[EngineCase(requests=8, max_new_tokens=16, prompt_lengths=(2, 8), mix="sampled", seed=3)],
+    )
+
+
+@pytest.mark.spec_property(examples=3, explicit=1, checks=0)
+def test_greedy_requests_equal_greedy_decoding(spec_e2e) -> None:
+    """Temperature 0 requests give greedy decoding of the target token for token (exact ties by the
+    engine's declared rule, near-ties within 1e-4 skipped and counted)."""
+
+    def body(case: EngineCase) -> None:
+        tally = Tally()
+        for call in range(GREEDY_CALLS):
+            reqs = draw_requests(case, spec_e2e.engine.vocab_size, call)
+            outputs = spec_e2e.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
+            require_exact(spec_e2e, reqs, score(spec_e2e, reqs, outputs), tally, case)
+
+    spec_e2e.given(
+        engine_cases(mixes=("greedy",), new_tokens=(4, 32)),
+        body,
+        explicit=[EngineCase(requests=4, max_new_tokens=32, prompt_lengths=(1, 8), mix="greedy", seed=2)],
+    )
+
+
+@pytest.mark.spec_property(examples=2, checks=0, needs=(SEEDED,))
+def test_same_seed_same_output(spec_e2e) -> None:
+    """A batch generated twice with the same seeds gives the same tokens."""
+
+    def body(case: EngineCase) -> None:
+        reqs = draw_requests(case, spec_e2e.engine.vocab_size, 0)
+        first = spec_e2e.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
+        again = spec_e2e.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
+        for row, (a, b) in enumerate(zip(first, again, strict=True)):
+            spec_e2e.require(
+                a == b,
+                rules.E2E_SEEDED,
+                f"{reqs.describe(row)}, run seed {reqs.seed}: first {a}, then {b} ({case.describe()})",
+            )
+
+    spec_e2e.given(engine_cases(mixes=("mixed", "filtered")), body)
+
+
+@pytest.mark.spec_property(examples=2, checks=0, needs=(BATCH_INVARIANT,))
+def test_seeded_requests_ignore_the_batch(spec_e2e) -> None:
+    """A request with its own seed gives the same tokens alone and inside a batch of other requests
+    (moved to the last row, under another run seed)."""
+
+    def body(case: EngineCase) -> None:
+        vocab = spec_e2e.engine.vocab_size
+        reqs, others = draw_requests(case, vocab, 0), draw_requests(case, vocab, 1)
+        first = torch.tensor([0])
+        params = SamplingParams.cat([reqs.params.take(first), others.params]).clone()
+        if int(params.seed[0]) == NO_SEED:
+            params.seed[0] = reqs.seed  # the request under test always carries its own seed
+        alone = spec_e2e.generate([reqs.prompts[0]], params.take(first), case.max_new_tokens, reqs.seed)
+        prompts = [reqs.prompts[0], *others.prompts]
+        order = [*range(1, len(prompts)), 0]
+        mixed = spec_e2e.generate(
+            [prompts[i] for i in order], params.take(torch.tensor(order)), case.max_new_tokens, reqs.seed + 1
+        )
+        spec_e2e.require(
+            alone[0] == mixed[-1],
+            rules.E2E_BATCH_INVARIANT,
+            f"prompt {reqs.prompts[0]} ({params.describe_row(0)}): alone {alone[0]}, last of a batch of {len(order)} "
+            f"{mixed[-1]} ({case.describe()})",
+        )
+
+    spec_e2e.given(engine_cases(mixes=("mixed", "filtered")), body)
+
+
+@pytest.mark.spec_e2e_speed
+@pytest.mark.spec_property(examples=1, checks=1, needs=(PLAIN, DRAFT_LOGITS, TOKEN_WISE))
+def test_engine_speedup_follows_its_model(spec_e2e) -> None:
+    """Runs when asked (--spec-e2e-speed; timing needs a quiet machine and minutes): the engine's
+    speculative and plain decoding of the same requests in rounds, against the tokens-per-pass model
+    with the engine's own measured costs (see spectest.e2e.speed)."""
+    seed = spec_e2e.session.seed
+    case = EngineCase(requests=16, max_new_tokens=16, prompt_lengths=(4, 8), mix="sampled", seed=seed, seeded=0.0)
+    check_engine_speed(spec_e2e, case)  # one workload, timed: nothing for Hypothesis to search or shrink

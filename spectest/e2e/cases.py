@@ -1,0 +1,109 @@
+"""Request batches for an engine: prompts and per-request sampling parameters, drawn from a seed.
+
+A case is a small recipe Hypothesis draws and shrinks (requests per call, tokens to generate,
+prompt lengths, which parameters the requests use, a seed); every call of the case draws fresh
+prompts and parameters from a generator seeded by the case and the call, so any failure replays
+from the run's seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from spectest.sampling_params import NO_SEED, SamplingParams
+
+MIXES = ("mixed", "sampled", "filtered", "greedy")
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    """``requests`` prompts per generate call, ``max_new_tokens`` each, prompts of
+    ``prompt_lengths`` tokens; ``mix``: which parameters the requests draw: "mixed" (greedy,
+    plain and filtered requests side by side), "sampled" (temperature only), "filtered" (every
+    request uses top-k, top-p or min-p) or "greedy"; ``seeded``: share of requests with their own seed."""
+
+    requests: int
+    max_new_tokens: int
+    prompt_lengths: tuple[int, int]
+    mix: str
+    seed: int
+    seeded: float = 0.5
+
+    def describe(self) -> str:
+        return (
+            f"{self.requests} requests per call, {self.max_new_tokens} new tokens each, prompts of "
+            f"{self.prompt_lengths[0]}-{self.prompt_lengths[1]} tokens, {self.mix} parameters"
+        )
+
+
+@st.composite
+def engine_cases(
+    draw: st.DrawFn,
+    *,
+    requests: tuple[int, int] = (4, 8),
+    new_tokens: tuple[int, int] = (8, 24),
+    mixes: tuple[str, ...] = ("mixed", "sampled", "filtered"),
+) -> EngineCase:
+    low = draw(st.integers(1, 8))
+    return EngineCase(
+        requests=draw(st.integers(*requests)),
+        max_new_tokens=draw(st.integers(*new_tokens)),
+        prompt_lengths=(low, low + draw(st.integers(0, 8))),
+        mix=draw(st.sampled_from(mixes)),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+@dataclass(frozen=True)
+class Requests:
+    """One generate call's worth of requests."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    seed: int  # the run-level seed handed to generate (requests without their own use it)
+
+    def describe(self, row: int) -> str:
+        prompt = self.prompts[row]
+        shown = prompt if len(prompt) <= 16 else [*prompt[:16], "..."]
+        return f"request {row} ({self.params.describe_row(row)}), prompt {shown}"
+
+
+def draw_requests(case: EngineCase, vocab: int, call: int) -> Requests:
+    """The ``call``-th batch of requests of ``case`` over a vocabulary of ``vocab`` ids."""
+    rng = np.random.default_rng([case.seed, call])
+    n = case.requests
+    prompts = [
+        rng.integers(0, vocab, size=int(rng.integers(case.prompt_lengths[0], case.prompt_lengths[1] + 1))).tolist()
+        for _ in range(n)
+    ]
+    temperature = np.round(rng.uniform(0.4, 1.5, n), 3)
+    top_k = np.zeros(n, dtype=np.int64)
+    top_p = np.ones(n)
+    min_p = np.zeros(n)
+    if case.mix == "greedy":
+        temperature[:] = 0.0
+    elif case.mix in ("mixed", "filtered"):
+        if case.mix == "mixed":
+            temperature[rng.random(n) < 0.2] = 0.0
+        which = rng.integers(0, 3, n) if case.mix == "filtered" else rng.integers(0, 5, n)  # 3, 4: unfiltered
+        mask = which == 0
+        top_k[mask] = rng.integers(1, max(2, vocab // 4), int(mask.sum()))
+        mask = which == 1
+        top_p[mask] = np.round(rng.uniform(0.5, 0.98, int(mask.sum())), 3)
+        mask = which == 2
+        min_p[mask] = np.round(rng.uniform(0.01, 0.2, int(mask.sum())), 3)
+        both = rng.random(n) < 0.2  # some requests stack two filters
+        top_p[both & (which == 0)] = 0.9
+    seeds = np.where(rng.random(n) < case.seeded, rng.integers(0, 2**31 - 1, n), NO_SEED)
+    params = SamplingParams.build(
+        n,
+        temperature=temperature.tolist(),
+        top_k=top_k.tolist(),
+        top_p=top_p.tolist(),
+        min_p=min_p.tolist(),
+        seed=seeds,
+    )
+    return Requests(prompts, params, int(rng.integers(0, 2**31 - 1)))

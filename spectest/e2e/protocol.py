@@ -1,0 +1,229 @@
+"""The engine protocol, and the contract every call to an engine is held to.
+
+``pytest --spec-engine X`` runs the end-to-end properties on X, an engine with speculative
+decoding on::
+
+    class Engine:
+        vocab_size: int
+        def generate(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
+                     seed: int) -> list[list[int]]
+            # speculative decoding ON; exactly max_new_tokens new ids per prompt (no stop on EOS),
+            # one list per prompt; params holds one row per request (temperature 0 = greedy,
+            # top_k 0 = off, top_p 1 = off, min_p 0 = off, seed -1 = none: use ``seed``)
+        def target_logits(self, sequences: list[list[int]]) -> torch.Tensor
+            # [N, L, V] raw next-token logits of the TARGET model at every position of each
+            # sequence (teacher forcing, no processors; float32 or wider; L = the longest
+            # sequence, positions past a sequence's end are ignored)
+
+Optional, discovered from the object: ``plain_generate`` (same signature, speculative decoding
+off), ``draft_logits(sequences)`` (the draft model's raw logits, same shape), and after a
+``generate``: ``passes`` (target forward passes per prompt), ``tokens_per_pass`` (per prompt, the
+tokens each pass emitted) and ``draft_lengths`` (per prompt, the drafts each pass proposed).
+Declared: ``spectest_engine_capabilities`` ("seeded": the same seed gives the same output;
+"batch-invariant": a seeded request's output does not depend on the rest of the batch;
+"standard-rejection": tokens are verified one by one with min(1, p/q), so the token at each
+offset of a pass follows the target, and tokens per pass follow the chain), ``spectest_tie_break``
+("lowest-id" or "any", for greedy requests), ``spectest_filter_order`` (default top_k, top_p,
+min_p after temperature, transformers' order), ``spectest_draft_warps`` (how many times the
+engine applies a request's processing to its draft: transformers applies it twice, so its draft
+samples from softmax(logits / T^2) at temperature T; the harness models the draft's q the same way), ``spectest_masked_tokens`` (ids the engine can only
+keep out of its output by masking them, EOS say: the harness masks them too), and
+``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
+
+"No stop on EOS" must come from configuration, not from a processor that masks EOS (a
+minimum-length rule sets its logit to -inf, so the engine samples from a distribution the raw
+logits do not describe): an engine that cannot avoid masking declares the masked ids.
+
+Every call goes through :func:`call_generate` or :func:`call_logits`: a wrong length, a stray id,
+NaN logits, an exception or a hang becomes a :class:`~spectest.protocol.ContractViolation`
+naming the engine, the rule and the input, never a harness traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spectest import rules
+from spectest.protocol import DEFAULT_ORDER, TIE_BREAKS, ContractViolation, guarded_call, validate_order
+
+if TYPE_CHECKING:
+    import torch
+
+    from spectest.sampling_params import SamplingParams
+
+SEEDED = "seeded"
+BATCH_INVARIANT = "batch-invariant"
+TOKEN_WISE = "standard-rejection"
+ENGINE_CAPABILITIES = (SEEDED, BATCH_INVARIANT, TOKEN_WISE)
+# Discovered from the object's methods.
+PLAIN = "plain-generate"
+DRAFT_LOGITS = "draft-logits"
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """A resolved engine under test: what the user named, and the object."""
+
+    name: str
+    engine: Any
+    source: str = ""
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    tie_break: str = "lowest-id"
+    masked_tokens: tuple[int, ...] = ()
+    filter_order: tuple[str, ...] = DEFAULT_ORDER  # the order the engine applies top-k, top-p, min-p
+    draft_warps: int = 1  # how many times the engine applies a request's processing to its draft
+    unavailable: str | None = None
+    max_tv: None = None  # engines are held to exactness (lossy mode is the verifier suite's)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.vocab_size)
+
+    def pass_record(self, prompts: int) -> PassRecord:
+        """What the engine reported about its last ``generate`` (None for what it does not report)."""
+        return PassRecord.read(self, prompts)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """Per prompt of the last ``generate``: target passes, tokens each pass emitted, drafts each proposed."""
+
+    passes: list[int] | None
+    tokens_per_pass: list[list[int]] | None
+    draft_lengths: list[list[int]] | None
+
+    @classmethod
+    def read(cls, engine: EngineModel, prompts: int) -> PassRecord:
+        def per_prompt(name: str, nested: bool) -> Any:
+            value = getattr(engine.engine, name, None)
+            if value is None:
+                return None
+            try:
+                rows = [[int(x) for x in row] if nested else int(row) for row in value]
+            except (TypeError, ValueError):
+                raise ContractViolation(
+                    engine.name, rules.E2E_PASSES, f"{name} is {type(value).__name__}, not one entry per prompt"
+                ) from None
+            if len(rows) != prompts:
+                raise ContractViolation(
+                    engine.name, rules.E2E_PASSES, f"{name} has {len(rows)} entries for {prompts} prompts"
+                )
+            return rows
+
+        return cls(per_prompt("passes", False), per_prompt("tokens_per_pass", True), per_prompt("draft_lengths", True))
+
+
+def build_engine(name: str, source: str, obj: Any, module: Any = None) -> EngineModel:
+    """An EngineModel from a user's object: declared capabilities and options, discovered methods."""
+
+    def declared(attribute: str) -> Any:
+        value = getattr(obj, attribute, None)
+        return value if value is not None else getattr(module, attribute, None)
+
+    for method in ("generate", "target_logits"):
+        if not callable(getattr(obj, method, None)):
+            raise ValueError(f"{name}: an engine needs a {method} method (see spectest.e2e.protocol)")
+    capabilities = set(declared("spectest_engine_capabilities") or ())
+    unknown = capabilities - set(ENGINE_CAPABILITIES)
+    if unknown:
+        raise ValueError(f"{name}: unknown engine capabilities {sorted(unknown)}; known: {ENGINE_CAPABILITIES}")
+    capabilities |= {PLAIN} if callable(getattr(obj, "plain_generate", None)) else set()
+    capabilities |= {DRAFT_LOGITS} if callable(getattr(obj, "draft_logits", None)) else set()
+    tie_break = declared("spectest_tie_break") or "lowest-id"
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"{name}: spectest_tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
+    masked = tuple(int(i) for i in declared("spectest_masked_tokens") or ())
+    order = validate_order(declared("spectest_filter_order") or DEFAULT_ORDER, what=f"{name}: spectest_filter_order")
+    warps = declared("spectest_draft_warps") or 1
+    if not isinstance(warps, int) or warps < 1:
+        raise ValueError(f"{name}: spectest_draft_warps must be an integer >= 1, got {warps!r}")
+    unavailable = getattr(obj, "spectest_unavailable", None)
+    return EngineModel(
+        name=name,
+        engine=obj,
+        source=source,
+        capabilities=frozenset(capabilities),
+        tie_break=tie_break,
+        masked_tokens=masked,
+        filter_order=order,
+        draft_warps=warps,
+        unavailable=unavailable() if callable(unavailable) else unavailable,
+    )
+
+
+def call_generate(
+    engine: EngineModel,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    max_new_tokens: int,
+    seed: int,
+    *,
+    timeout: float | None = None,
+    method: str = "generate",
+) -> list[list[int]]:
+    """``engine.generate`` (or ``plain_generate``), its output checked exactly: one list per prompt
+    of exactly ``max_new_tokens`` ids in [0, V)."""
+    __tracebackhide__ = True
+    inputs = f"{len(prompts)} prompts, max_new_tokens={max_new_tokens}, seed={seed}"
+    fn = getattr(engine.engine, method)
+    timeout = timeout * max(1, len(prompts)) if timeout else timeout  # one request may take the verifier's limit
+    out = guarded_call(
+        engine, method, inputs, timeout, fn, [list(p) for p in prompts], params.clone(), max_new_tokens, seed
+    )
+    vocab = engine.vocab_size
+    try:
+        rows = [[int(x) for x in row] for row in out]
+    except TypeError:
+        raise ContractViolation(
+            engine.name, rules.E2E_OUTPUT, f"{method} returned {type(out).__name__}, not one id list per prompt"
+        ) from None
+    if len(rows) != len(prompts):
+        raise ContractViolation(engine.name, rules.E2E_OUTPUT, f"{len(rows)} outputs for {len(prompts)} prompts")
+    for r, row in enumerate(rows):
+        if len(row) != max_new_tokens:
+            raise ContractViolation(
+                engine.name,
+                rules.E2E_OUTPUT,
+                f"request {r} ({params.describe_row(r)}) got {len(row)} new ids, not max_new_tokens={max_new_tokens} "
+                f"(did it stop on EOS?): {row[:40]}",
+            )
+        bad = [x for x in row if not 0 <= x < vocab]
+        if bad:
+            raise ContractViolation(
+                engine.name, rules.E2E_OUTPUT, f"request {r} holds id {bad[0]} outside [0, {vocab}): {row[:40]}"
+            )
+    return rows
+
+
+def call_logits(
+    engine: EngineModel, which: str, sequences: Sequence[Sequence[int]], *, timeout: float | None = None
+) -> torch.Tensor:
+    """``engine.target_logits`` or ``draft_logits``: float [N, >= longest, V], no NaN, no +inf
+    (-inf marks a token the model itself never allows); returned as float64 on the CPU."""
+    __tracebackhide__ = True
+    import torch
+
+    method = f"{which}_logits"
+    longest = max(len(s) for s in sequences)
+    inputs = f"{len(sequences)} sequences of up to {longest} tokens"
+    logits = guarded_call(engine, method, inputs, timeout, getattr(engine.engine, method), [list(s) for s in sequences])
+    vocab = engine.vocab_size
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        raise ContractViolation(engine.name, rules.E2E_LOGITS, f"{method} returned {type(logits).__name__} ({inputs})")
+    if logits.shape[0] != len(sequences) or logits.shape[1] < longest or logits.shape[2] != vocab:
+        raise ContractViolation(
+            engine.name,
+            rules.E2E_LOGITS,
+            f"{method} returned shape {tuple(logits.shape)}, expected [{len(sequences)}, {longest}, {vocab}] ({inputs})",
+        )
+    if not logits.is_floating_point() or logits.dtype in (torch.float16, torch.bfloat16):
+        raise ContractViolation(engine.name, rules.E2E_LOGITS, f"{method} returned {logits.dtype}: float32 or wider")
+    wide = logits.detach().to("cpu", torch.float64)
+    if bool(torch.isnan(wide).any() or torch.isposinf(wide).any()):
+        raise ContractViolation(engine.name, rules.E2E_LOGITS, f"{method} returned NaN or +inf ({inputs})")
+    return wide

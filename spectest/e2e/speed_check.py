@@ -1,0 +1,176 @@
+"""The end-to-end speed property's rounds (see :mod:`spectest.e2e.speed` for the model)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+import torch
+
+from spectest import rules
+from spectest.e2e.cases import EngineCase, draw_requests
+from spectest.e2e.output import draft_rows, score
+from spectest.e2e.speed import (
+    PARTS,
+    EngineRound,
+    EngineSpeed,
+    median_time,
+    spread,
+    time_parts,
+    timed,
+)
+from spectest.engine.stats import SignTest
+from spectest.simulators.text import expected_passes
+from spectest.speed.clock import OWN_CLOCK, single_threaded
+
+if TYPE_CHECKING:
+    from spectest.e2e.run import EngineRun
+
+SPEED_MARGIN = 1.1
+NOISE_LIMIT = 0.5
+AGREEMENT_MISSES = 3
+PLAIN_STEPS = 8  # a plain step's cost: (plain_generate of 1 + PLAIN_STEPS tokens - of 1 token) / PLAIN_STEPS
+
+
+def expected_tokens_per_pass(spec: EngineRun, reqs, outputs, k: int, by_position: dict[int, list[float]]) -> float:
+    """Tokens per pass the chain predicts along the engine's own output: per token the acceptance
+    r_t = min(p_t, q_t)(y_t) / p_t(y_t) of the token it emitted (the probability it came from an
+    accepted draft), and the expected passes of each request over them (the renewal chain of
+    :mod:`spectest.simulators.text`: no i.i.d. assumption, the last passes cut by the end)."""
+    scored = score(spec, reqs, outputs)
+    q = draft_rows(spec, reqs, outputs, scored)
+    acceptance = torch.minimum(scored.probs, q).sum(dim=-1).numpy()
+    for t in np.unique(scored.position):
+        by_position.setdefault(int(t), []).extend(acceptance[scored.position == t].tolist())
+    rows = torch.arange(len(scored.tokens))
+    own = scored.probs[rows, scored.tokens]
+    realized = (torch.minimum(own, q[rows, scored.tokens]) / own.clamp_min(1e-300)).clamp(0, 1).numpy()
+    passes = sum(expected_passes(realized[scored.request == r], k) for r in range(len(outputs)))
+    return len(scored.tokens) / passes
+
+
+def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
+    """Rounds until the sign test decides; then the verdict, with the figures either way."""
+    __tracebackhide__ = True
+    engine = spec.engine.engine
+    make_components = getattr(engine, "spectest_components", None)
+    if not callable(make_components):
+        pytest.skip(f"{spec.engine.name} exposes no spectest_components (one pass's parts to time)")
+    vocab = spec.engine.vocab_size
+    first = draw_requests(case, vocab, 0)
+    prompt, one = first.prompts[:1], first.params.take(torch.tensor([0]))
+    components = make_components(prompt[0], one)
+    missing = [name for name in PARTS if name not in components]
+    if missing:
+        pytest.skip(f"{spec.engine.name}'s spectest_components lacks {missing}")
+    with single_threaded():
+        noise = timing_noise(components["target"])
+    if noise > NOISE_LIMIT:
+        pytest.skip(
+            f"machine too noisy to time: identical target passes spread {noise:.0%} of their median ({OWN_CLOCK.name})"
+        )
+    test = SignTest.plan(spec.alpha, misses=AGREEMENT_MISSES)
+    speed: EngineSpeed | None = None
+    acceptance_at: dict[int, list[float]] = {}  # sum_x min(p_t, q_t) by position, over the rounds
+    while not test.decided:
+        label = len(speed.rounds) if speed else 0
+        reqs = draw_requests(case, vocab, label + 1)
+        n = case.max_new_tokens
+
+        def spec_run(reqs=reqs, n=n):
+            return spec.generate(reqs.prompts, reqs.params, n, reqs.seed)
+
+        def plain_run(reqs=reqs, n=n):
+            return spec.plain_generate(reqs.prompts, reqs.params, n, reqs.seed)
+
+        with single_threaded():
+            if label % 2 == 0:
+                t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts))
+                t_plain = timed(plain_run)
+            else:
+                t_plain = timed(plain_run)
+                t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts))
+            costs = {**time_parts(components), **fixed_costs(spec, prompt, one)}
+            if "target_step" in costs:  # the loop's own work per iteration, as plain decoding shows it
+                costs["loop"] = max(0.0, costs["plain_step"] - costs["target_step"])
+        if record.tokens_per_pass is None or record.draft_lengths is None:
+            pytest.skip(f"{spec.engine.name} does not report tokens_per_pass and draft_lengths")
+        k = max(max(row, default=0) for row in record.draft_lengths)
+        if speed is None:
+            speed = EngineSpeed(k=k)
+        result = EngineRound(
+            spec_seconds=t_spec,
+            plain_seconds=t_plain,
+            tokens=sum(len(o) for o in outputs),
+            passes=sum(record.passes or [len(row) for row in record.tokens_per_pass]),
+            expected_tokens_per_pass=expected_tokens_per_pass(spec, reqs, outputs, k, acceptance_at),
+            costs=costs,
+            requests=len(reqs.prompts),
+        )
+        speed.rounds.append(result)
+        test.add(result.measured * SPEED_MARGIN < result.predicted)
+    assert speed is not None
+    low, high = speed.interval("measured")
+    plow, phigh = speed.interval("predicted")
+    acceptance = float(np.median([r.expected_tokens_per_pass for r in speed.rounds]))
+    best = speed.optimal_k(speed.mean_acceptance())
+    figure = speed.as_record() | {
+        "measured_interval": [low, high],
+        "predicted_interval": [plow, phigh],
+        "optimal_k": best[0],
+        "optimal_speedup": best[1],
+        "acceptance_by_position": {str(t): float(np.mean(v)) for t, v in sorted(acceptance_at.items())},
+    }
+    spec.record({"e2e_speed": figure, "e2e": case.describe()})
+    summary = (
+        f"{case.describe()}, K={speed.k}, {len(speed.rounds)} rounds on {OWN_CLOCK.name}: speedup "
+        f"{speed.median('measured'):.3f}x measured [{low:.3f}, {high:.3f}], {speed.median('predicted'):.3f}x predicted "
+        f"[{plow:.3f}, {phigh:.3f}]; tokens per pass {np.median(figure['tokens_per_pass_measured']):.3f} measured, "
+        f"{acceptance:.3f} predicted from the measured acceptance; a pass costs {1e3 * speed.median_pass():.2f} ms by its parts "
+        f"(draft {1e3 * speed.median_cost('draft'):.2f}, target {1e3 * speed.median_cost('target'):.2f}, verify "
+        f"{1e3 * speed.median_cost('verify'):.2f}, loop {1e3 * speed.median_cost_or('loop'):.2f}) and {1e3 * speed.median('unexplained_per_pass'):.2f} ms more that "
+        f"no part explains; a plain token {1e3 * speed.median_cost('plain_step'):.2f} ms; break-even acceptance "
+        f"{_fmt(speed.break_even())}, optimal K {best[0]} ({best[1]:.3f}x)"
+    )
+    spec.require(
+        not test.rejected,
+        rules.E2E_SPEEDUP_AGREES,
+        f"the measured speedup fell more than {SPEED_MARGIN}x short of the model's in {test.hits} of {test.seen} "
+        f"rounds (sign test p = {test.p_value:.2g} <= {spec.alpha:.2g}): {summary}",
+    )
+
+
+def timing_noise(run, repeats: int = 15, attempts: int = 3, warm: int = 3) -> float:
+    """The smallest spread (interquartile range over median) of up to ``attempts`` series of identical
+    runs, after ``warm`` untimed ones: one quiet series shows the machine can be timed."""
+    for _ in range(warm):
+        run()
+    spreads = []
+    for _ in range(attempts):
+        spreads.append(spread([timed(run) for _ in range(repeats)]))
+        if spreads[-1] <= 0.1:
+            break
+    return min(spreads)
+
+
+def _fmt(value: float | None) -> str:
+    return "none (never pays)" if value is None else f"{value:.3f}"
+
+
+def _timed_spec(spec: EngineRun, run, prompts: int):
+    started = OWN_CLOCK()
+    outputs = run()
+    seconds = OWN_CLOCK() - started
+    return seconds, outputs, spec.pass_record(prompts)
+
+
+def fixed_costs(spec: EngineRun, prompt: list[list[int]], params) -> dict[str, float]:
+    """A plain step (the cost of PLAIN_STEPS more tokens in plain decoding, per token), and the fixed
+    cost of a request with and without speculation (a 1-token request, less one plain step), timed
+    through the engine itself on one prompt: none of it the round's own decoding."""
+    one = median_time(lambda: spec.plain_generate(prompt, params, 1, 0))
+    many = median_time(lambda: spec.plain_generate(prompt, params, 1 + PLAIN_STEPS, 0))
+    spec_one = median_time(lambda: spec.generate(prompt, params, 1, 0))
+    step = max(1e-9, (many - one) / PLAIN_STEPS)
+    return {"plain_step": step, "plain_fixed": max(0.0, one - step), "spec_fixed": max(0.0, spec_one - step)}

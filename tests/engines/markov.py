@@ -1,0 +1,118 @@
+"""A fast, exact engine for the harness's own tests: speculative decoding over logit tables.
+
+The target and the draft are order-1 Markov models over V = 48 tokens whose next-token logits
+depend on the last token (seeded random tables, scaled so the distributions are neither flat nor
+one-hot; the draft is the target plus noise). Each request decodes on its own generator (its
+seed, or one derived from the run's seed and its row): K draft tokens from the processed draft,
+one ``verify_logits`` call of the reference sampler with the request's parameters. Exact by
+construction, about a millisecond a request: the end-to-end properties' known-correct subject
+when transformers is too slow for a test.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+from spectest.implementations.reference import REFERENCE
+from spectest.sampling import make_generator, sample_categorical
+from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
+
+VOCAB = 48
+K = 3
+
+
+class MarkovEngine:
+    spectest_engine_capabilities = frozenset({"seeded", "batch-invariant", "standard-rejection"})
+
+    def __init__(self, *, vocab: int = VOCAB, k: int = K, seed: int = 0, noise: float = 1.0) -> None:
+        rng = np.random.default_rng(seed)
+        self.vocab_size, self.k = vocab, k
+        target = rng.normal(0.0, 2.5, size=(vocab, vocab))
+        self.target = torch.as_tensor(target)
+        self.draft = torch.as_tensor(target + rng.normal(0.0, noise, size=(vocab, vocab)))
+        self.passes: list[int] | None = None
+        self.tokens_per_pass: list[list[int]] | None = None
+        self.draft_lengths: list[list[int]] | None = None
+
+    def request_seed(self, params: SamplingParams, row: int, seed: int) -> int:
+        own = int(params.seed[row])
+        return own if own != NO_SEED else zlib.crc32(f"{seed}:{row}".encode())
+
+    def verify(self, drafts, draft_logits, target_logits, params, generator):
+        """The verifier of the loop (the known-buggy variants in tests/ replace it)."""
+        return REFERENCE.verify_logits(drafts, draft_logits, target_logits, params, generator=generator)
+
+    def generate(self, prompts, params, max_new_tokens, seed):
+        outputs, passes, tokens, drafts = [], [], [], []
+        for row, prompt in enumerate(prompts):
+            one = params.take(torch.tensor([row]))
+            one = SamplingParams(**{**one.__dict__, "seed": torch.tensor([NO_SEED])})
+            generator = make_generator(self.request_seed(params, row, seed))
+            out, emitted, proposed = list(prompt), [], []
+            while len(out) < len(prompt) + max_new_tokens:
+                k = min(self.k, len(prompt) + max_new_tokens - len(out) - 1)
+                if k == 0:  # the last token: one plain step from the processed target
+                    p = process_logits(self.target[out[-1]].view(1, 1, -1), one).view(-1)
+                    out.append(int(sample_categorical(p.unsqueeze(0), generator)))
+                    emitted.append(1)
+                    proposed.append(0)
+                    continue
+                context, draft_rows = out[-1], []
+                drafted = []
+                for _ in range(k):
+                    q = process_logits(self.draft[context].view(1, 1, -1), one).view(-1)
+                    token = int(sample_categorical(q.unsqueeze(0), generator))
+                    draft_rows.append(self.draft[context])
+                    drafted.append(token)
+                    context = token
+                contexts = [out[-1], *drafted]
+                target_rows = self.target[torch.tensor(contexts)].unsqueeze(0)
+                result = self.verify(
+                    torch.tensor([drafted]), torch.stack(draft_rows).unsqueeze(0), target_rows, one, generator
+                )[0]
+                new = [int(x) for x in result if int(x) >= 0]
+                out += new
+                emitted.append(len(new))
+                proposed.append(k)
+            outputs.append(out[len(prompt) :])
+            passes.append(len(emitted))
+            tokens.append(emitted)
+            drafts.append(proposed)
+        self.passes, self.tokens_per_pass, self.draft_lengths = passes, tokens, drafts
+        return outputs
+
+    @staticmethod
+    def _rows(table: torch.Tensor, sequences) -> torch.Tensor:
+        """[N, L, V]: the table's row after every token of each sequence (zeros past its end)."""
+        longest = max(len(s) for s in sequences)
+        out = torch.zeros((len(sequences), longest, table.shape[1]), dtype=torch.float64)
+        for i, s in enumerate(sequences):
+            out[i, : len(s)] = table[torch.tensor(s)]
+        return out
+
+    def target_logits(self, sequences):
+        return self._rows(self.target, sequences)
+
+    def draft_logits(self, sequences):
+        return self._rows(self.draft, sequences)
+
+
+class TemperatureOnlyOnDraft(MarkovEngine):
+    """The loop hands the verifier the target's raw logits at temperature 1 for every request
+    (its parameters reach the draft only)."""
+
+    def verify(self, drafts, draft_logits, target_logits, params, generator):
+        from spectest.implementations.reference import row_uniforms, verify_at
+        from spectest.sampling import inverse_cdf_blocked
+
+        p = torch.softmax(target_logits, dim=-1)
+        q = process_logits(draft_logits, params)
+        u, v = row_uniforms(params, drafts.shape[1], generator, device=drafts.device, dtype=p.dtype)
+        return verify_at(drafts, q, p, u, lambda weights: inverse_cdf_blocked(weights, v))
+
+
+markov = MarkovEngine()
+temperature_only_on_draft = TemperatureOnlyOnDraft()
