@@ -7,7 +7,7 @@ harness's conventions to yours and back, and fixes nothing in your code: a bug i
 
     pytest --spec-model examples/wrap_my_sampler.py:ADAPTER
 
-Rules of thumb (see the README's "Wrapping your own implementation"):
+Rules of thumb (see docs/tutorials/wrap-an-engine-sampler.md):
 
 1. Inputs: ``draft_token_ids`` int64 [B, K], ``draft_probs`` [B, K, V], ``target_probs``
    [B, K+1, V]. Convert dtypes, layouts and probabilities <-> logits as your code expects.

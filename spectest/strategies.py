@@ -1,6 +1,6 @@
 """Hypothesis strategies for speculative-decoding cases, for the suite and for users' own tests.
 
-The public surface (like ``hypothesis.strategies``): it re-exports from :mod:`spectest.cases`.
+The public surface (like ``hypothesis.strategies``): it re-exports from ``spectest.cases``.
 Strategies draw small *recipes* (sizes, kinds, a seed) rather than raw probability vectors:
 that keeps large vocabularies cheap, lets Hypothesis shrink toward small simple cases, and
 replays any case exactly from its printed repr. Build the arrays with :func:`build_chain` or

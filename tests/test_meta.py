@@ -148,11 +148,10 @@ def test_every_buggy_verifier_is_caught_by_the_rule_its_bug_breaks(tmp_path):
     assert not missed, "\n\n".join(missed)
 
 
-def test_every_property_catches_a_known_bug_and_the_readme_prints_the_matrix():
+def test_every_property_catches_a_known_bug_and_the_docs_print_the_matrix():
     caught = {prop for row in BUGS.values() for prop in row}
     assert set(matrix.PROPERTIES) <= caught, f"never shown to fail: {set(matrix.PROPERTIES) - caught}"
-    block = matrix.readme_block((REPO / "README.md").read_text())
-    assert block == matrix.markdown(), "README's matrix is stale: run `python -m tests.matrix`"
+    assert matrix.PAGE.read_text() == matrix.page(), "the documentation's matrix is stale: run `python -m tests.matrix`"
 
 
 TREE_PROPERTIES = [p for p in matrix.PROPERTIES if "tree" in p]
@@ -179,7 +178,7 @@ def correct_run(models: list[str], tmp_path: Path, *extra: str, tree_chain_views
 
 
 def test_correct_verifiers_pass_everything(tmp_path):
-    """Every correct verifier but the reference (the README's main job) at the quick budget; the
+    """Every correct verifier but the reference (the main job) at the quick budget; the
     speed property has its own test; many seeds at the default budget in the slow tests. The tree
     references run in the slow tier (here tests/test_tree_simulators.py holds them to the exact model)."""
     correct_run(

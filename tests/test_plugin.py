@@ -112,7 +112,9 @@ def test_cli_check_and_models(tmp_path):
     listed = subprocess.run(
         [sys.executable, "-m", "spectest.cli", "models"], capture_output=True, text=True, check=True
     )
-    assert "reference\tspectest.implementations.reference:REFERENCE" in listed.stdout.splitlines()
+    lines = listed.stdout.splitlines()
+    assert "model\treference\tspectest.implementations.reference:REFERENCE" in lines
+    assert "engine\ttransformers-assisted\tspectest.e2e.transformers_engines:TRANSFORMERS_ASSISTED" in lines
     checked = subprocess.run(
         [
             sys.executable,

@@ -200,7 +200,7 @@ def test_context_free_prefix_bound_by_enumeration():
 
 
 def test_exact_markov_model_handles_v64_k8():
-    """The DP at the README's size (its speed is a figure for `python -m timeit`, not a timed test)."""
+    """The DP at V = 64, K = 8 (its speed is a figure for `python -m timeit`, not a timed test)."""
     model = markov_model(7, 64, "dirichlet", "close")
     per_context = model.tokens_per_pass(8).probs
     assert per_context.shape == (65, 9) and np.allclose(per_context.sum(axis=1), 1)

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from spectest.engine.stats import MIN_EXPECTED, Group, chisquare_groups, impossible_cells, min_detectable_tv, pool_cells
+from spectest.engine.stats import (
+    MIN_EXPECTED,
+    FitResult,
+    Group,
+    chisquare_groups,
+    impossible_cells,
+    min_detectable_tv,
+    pool_cells,
+)
 
 
 @given(st.lists(st.floats(0, 50), min_size=1, max_size=300), st.randoms(use_true_random=False))
@@ -112,3 +120,27 @@ def test_a_check_too_sparse_to_pool_falls_back_to_monte_carlo_where_its_level_is
     assert right.method == "monte-carlo" and right.passed
     tiny = chisquare_groups("sparse", [Group(np.array([0, 0, 8]), probs)], alpha=1e-7, seed=1)
     assert tiny.method == "too sparse for this level" and tiny.passed and tiny.min_detectable_tv == 1.0
+
+
+def test_a_sequential_rejection_states_e_values_past_the_float_range():
+    """A gross bug's e-value passes e^709 within a few hundred draws: the message gives its size and
+    the anytime-valid p-value, not 1e304 (the largest float) and p <= 0."""
+    fit = FitResult(
+        check="bonus",
+        statistic=0.0,
+        df=1,
+        p_value=0.0,
+        alpha=1.25e-6,
+        n=181,
+        observed_tv=0.5,
+        min_detectable_tv=0.05,
+        method="sequential",
+        log_e_value=2000.0,
+        e_alpha=1.25e-6,
+        stopped_early=True,
+        planned_draws=181,
+        draws=181,
+    )
+    head = fit.summary().splitlines()[0]
+    assert "e-value 3.88e+868 >= 1/alpha = 8e+05" in head and "anytime-valid p <= 2.58e-869" in head, head
+    assert not fit.passed

@@ -1,5 +1,6 @@
 """The sizes each property draws, declared once: the property builds its strategy from them and
-the README quotes them (``tests/test_readme.py`` keeps the two in step)."""
+the property reference (``docs/reference/properties.md``) quotes them (``tests/test_docs.py``
+keeps the two in step)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from spectest.cases.sizes import batch_sizes, draft_lengths, vocab_sizes
 
 @dataclass(frozen=True)
 class CaseRanges:
-    """The sizes a property draws, in one place: the strategy is built from them, and the README
-    quotes :meth:`describe` (a test keeps the two in step). ``max_elements`` caps B (2K + 1) V per
+    """The sizes a property draws, in one place: the strategy is built from them, and the docs'
+    property reference quotes ``describe()`` (a test keeps the two in step). ``max_elements`` caps B (2K + 1) V per
     case, cutting B then K (see :func:`chain_cases`)."""
 
     batch: tuple[int, int] = (1, 512)

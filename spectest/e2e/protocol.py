@@ -82,7 +82,17 @@ class EngineModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.engine.vocab_size)
+        """The engine's ``vocab_size``; an engine that cannot say (a checkpoint that does not load, a
+        property that raises) breaks the protocol, never the harness."""
+        __tracebackhide__ = True
+        value = guarded_call(self, "vocab_size", "", None, getattr, self.engine, "vocab_size")
+        try:
+            vocab = int(value)
+        except (TypeError, ValueError):
+            vocab = 0
+        if vocab < 1:
+            raise ContractViolation(self.name, rules.E2E_OUTPUT, f"vocab_size is {value!r}, not a positive integer")
+        return vocab
 
     def pass_record(self, prompts: int) -> PassRecord:
         """What the engine reported about its last ``generate`` (None for what it does not report)."""

@@ -28,6 +28,7 @@ import contextlib
 import importlib.util
 import zlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -159,7 +160,13 @@ class TransformersLoop:
         return _unavailable()
 
     def with_checkpoints(self, *, target: str | None = None, draft: str | None = None) -> TransformersLoop:
-        """The same engine on local checkpoints (``--spec-target DIR --spec-draft DIR``)."""
+        """The same engine on local checkpoints (``--spec-target DIR --spec-draft DIR``): each must be
+        a directory ``save_pretrained`` wrote (nothing downloads from a hub), checked before any test runs."""
+        if target is None:
+            raise ValueError("--spec-draft needs --spec-target (the draft is checked against that target)")
+        for option, path in (("--spec-target", target), ("--spec-draft", draft)):
+            if path is not None and not (Path(path) / "config.json").is_file():
+                raise ValueError(f"{option} {path!r} is not a checkpoint directory (no config.json there)")
         return type(self)(k=self.k, seed=self.seed, target=target, draft=draft)
 
     @property

@@ -98,6 +98,15 @@ class Group:
         return f"{self.label}{', '.join(names)}{more}"
 
 
+def _power_of_ten(log_value: float) -> str:
+    """exp(log_value) for a message, past the float range too (an e-value can reach e^5000)."""
+    if abs(log_value) < 600:
+        return f"{math.exp(log_value):.3g}"
+    exponent = log_value / math.log(10)
+    whole = math.floor(exponent)
+    return f"{10 ** (exponent - whole):.3g}e{whole:+d}"
+
+
 @dataclass
 class FitResult:
     """One distribution check: the numbers a failure message and a report need."""
@@ -134,8 +143,8 @@ class FitResult:
         if self.stopped_early:
             head = (
                 f"{self.check}: sequential test rejected after {self.draws} of {self.planned_draws} planned draws: "
-                f"e-value {math.exp(min(self.log_e_value or 0.0, 700)):.3g} >= 1/alpha = {1 / (self.e_alpha or 1):.3g} "
-                f"(anytime-valid p <= {self.p_value:.3g})"
+                f"e-value {_power_of_ten(self.log_e_value or 0.0)} >= 1/alpha = {1 / (self.e_alpha or 1):.3g} "
+                f"(anytime-valid p <= {_power_of_ten(-(self.log_e_value or 0.0))})"
             )
         else:
             head = (

@@ -112,7 +112,7 @@ def row_uniforms(
 
 
 class ReferenceSampler:
-    """The reference with every optional capability of the protocol (see the README)."""
+    """The reference with every optional capability of the protocol (see docs/reference/protocols.md)."""
 
     spectest_capabilities = frozenset({"standard-rejection", "per-row-seeds", "ragged-drafts"})
     spectest_filter_order = DEFAULT_ORDER

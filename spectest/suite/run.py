@@ -99,7 +99,7 @@ class SuiteRun:
         self.model = model
         self.node = node
         if missing := missing_capabilities(marker, model.capabilities):
-            pytest.skip(f"{model.name} does not have capability {', '.join(missing)} (see the README's protocol)")
+            pytest.skip(f"{model.name} does not have capability {', '.join(missing)} (see docs/reference/protocols.md)")
         self.device = torch.device(session.device)
         self.explicit = int(marker.get("explicit", 0))
         self.examples = examples_for(marker, session.budget)
