@@ -156,3 +156,11 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path):
     results.write_atomically(tmp_path / "results.json", {"schema": results.SCHEMA, "x": float("nan")})
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
     assert json.loads((tmp_path / "results.json").read_text())["x"] is None
+
+
+def test_the_end_to_end_speed_figure_is_plotted_measured_against_predicted():
+    speed = {"k": 4, "measured": [0.37, 0.36, 0.38], "predicted": [0.38, 0.37, 0.39]}
+    figures = [{"kind": "figure", "model": "transformers-assisted", "e2e_speed": speed}, {"model": "x", "k": 4}]
+    image = plots.e2e_speedup(figures)
+    assert image is not None and image.startswith(b"\x89PNG")
+    assert plots.e2e_speedup(figures[1:]) is None

@@ -329,3 +329,29 @@ def acceptance_by_position(figures: list[dict[str, Any]]) -> bytes | None:
         ax.legend(fontsize=6)
 
     return _figure(draw)
+
+
+def e2e_speedup(figures: list[dict[str, Any]], margin: float = 1.1) -> bytes | None:
+    """End to end: each round's measured speedup against the one the model predicts from the engine's
+    acceptance and its measured parts; the property fails when most rounds fall below the 1/margin line."""
+    records = [f for f in figures if f.get("e2e_speed")]
+    if not records:
+        return None
+
+    def draw(fig: Any, ax: Any) -> None:
+        values = []
+        for record in records:
+            speed = record["e2e_speed"]
+            values += speed["measured"] + speed["predicted"]
+            ax.scatter(speed["predicted"], speed["measured"], label=f"{record['model']} (K={speed['k']})")
+        low, high = 0.9 * min(values), 1.1 * max(values)
+        ax.plot([low, high], [low, high], color="black", linewidth=0.8, label="measured = predicted")
+        ax.plot([low, high], [low / margin, high / margin], color="red", linestyle=":", label=f"predicted / {margin:g}")
+        if low <= 1.0 <= high:
+            ax.axhline(1.0, color="grey", linewidth=0.6, label="plain decoding")
+        ax.set_xlabel("predicted speedup (from acceptance and measured parts)")
+        ax.set_ylabel("measured speedup")
+        ax.set_title("End to end: measured against predicted speedup, per round")
+        ax.legend(fontsize=6)
+
+    return _figure(draw)

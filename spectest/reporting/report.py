@@ -34,6 +34,7 @@ def _plots(document: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("Speedup against acceptance", plots.speedup_curve(document["figures"])),
         ("End to end: PIT of the engine's tokens", plots.pit_histograms(document["figures"])),
         ("End to end: acceptance by position", plots.acceptance_by_position(document["figures"])),
+        ("End to end: measured against predicted speedup", plots.e2e_speedup(document["figures"])),
         ("Break-even acceptance", plots.break_even_table()),
     ]
     failing = [c for c in document["checks"] if not c.get("passed", True)]
