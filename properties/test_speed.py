@@ -35,6 +35,7 @@ from spectest.simulators import break_even_acceptance, expected_tokens_iid
 from spectest import rules
 from spectest.engine.stats import SignTest
 from spectest.speed.bench import (
+    AGREEMENT_MISSES,
     SPEED_MARGIN,
     BenchConfig,
     SpeedBench,
@@ -42,19 +43,13 @@ from spectest.speed.bench import (
     point_record,
     reference_model,
 )
+from spectest.speed.clock import NOISE_LIMIT
 
 MIXES = (0.0, 0.4, 0.7, 1.0)  # acceptance about 1.0, 0.77, 0.6, 0.43: both sides of break-even
 # Four rows and 16 passes per chunk: a round's speedup is measured to about 5-10% (one row's 6
 # passes scatter by 20% and more), so a correct implementation is decided in a few rounds; a 48 MB
 # target makes a pass memory-bound enough that the sweep straddles break-even (about 0.62).
 CONFIG = {"batch": 4, "passes": 6, "model_passes": 16, "target_mb": 48.0}
-# A machine where identical target steps spread more than this (interquartile range over the
-# median, on the own-time clock) cannot be timed; the property says so after a second.
-NOISE_LIMIT = 0.5
-# The agreement test tolerates this many rounds without the event before it could still reject:
-# a round's speedup carries the sampling noise of its tokens, and a correct implementation falls
-# below the margin in a few percent of rounds.
-AGREEMENT_MISSES = 3
 # Rounds the cost fit could not price (see spectest.speed.bench.RoundCosts.fit_ok) are left out;
 # past this many, and more than the rounds it could price, the property skips with its figures.
 POOR_FIT_ROUNDS = 6

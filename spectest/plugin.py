@@ -198,23 +198,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     session = config.stash[SESSION]
     counts: dict[str, int] = {}
-    unrun = []  # a property whose subjects were not asked for (its parameter set is empty)
+    kept, unrun = [], []  # unrun: a property whose subjects were not asked for (its parameter set is empty)
     for item in items:
         marker = item.get_closest_marker(MARKER)
         subject = subject_of(item)
         if marker is not None and subject is None and set(SUBJECT_PARAMETERS) & set(item.fixturenames):
             unrun.append(item)
-        elif item.get_closest_marker("spec_e2e_speed") is not None and not session.e2e_speed:
-            unrun.append(item)  # timing runs only when asked
-        if marker is None or subject is None or item in unrun[-1:]:
             continue
-        counts[subject.name] = counts.get(subject.name, 0) + planned_checks(
-            marker.kwargs, session.budget, subject.capabilities
-        )
+        if item.get_closest_marker("spec_e2e_speed") is not None and not session.e2e_speed:
+            unrun.append(item)  # timing runs only when asked
+            continue
+        kept.append(item)
+        if marker is not None and subject is not None:
+            counts[subject.name] = counts.get(subject.name, 0) + planned_checks(
+                marker.kwargs, session.budget, subject.capabilities
+            )
     session.checks_per_model = counts
     if unrun:
         config.hook.pytest_deselected(items=unrun)
-        items[:] = [item for item in items if item not in unrun]
+        items[:] = kept
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -289,10 +291,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     funcargs = getattr(item, "funcargs", {})
     run = funcargs.get("spec", funcargs.get("spec_e2e"))
     if call.when == "call" and hasattr(run, "finish"):
-        try:
-            run.finish()  # before the report copies the item's records
-        except Exception:  # a bookkeeping fault must not turn a verdict into a crash; the records stand
-            pass
+        # Before the report copies the item's records. A fault here is the harness's (recorded as
+        # such: exit code 3), never the property's verdict, and the records already made stand.
+        run.session.guarded(f"timing record of {item.nodeid}", run.finish, None)
     outcome = yield
     report = outcome.get_result()
     subject = subject_of(item)

@@ -91,7 +91,7 @@ class SpecSession:
     records: list[dict[str, Any]] = field(default_factory=list)
     tests: list[dict[str, Any]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)  # the terminal summary, computed before the results file
-    # Faults of the harness outside any test (summary, results file, report): {stage, error, traceback}
+    # Faults of the harness outside any test body (a timing record, summary, results file, report): {stage, error, traceback}
     stage_errors: list[dict[str, str]] = field(default_factory=list)
 
     def guarded(self, stage: str, work: Callable[[], Any], fallback: Any) -> Any:

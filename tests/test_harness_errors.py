@@ -91,3 +91,32 @@ def test_a_fault_in_any_harness_stage_is_a_harness_error_not_a_failure(tmp_path)
     jsonschema.validate(run.document, RESULTS_SCHEMA)
     assert "3 errors" in run.output.splitlines()[-1] and "1 failed" in run.output.splitlines()[-1]
     assert run.output.count("spectest: HARNESS ERROR") == 5, run.output[-3000:]
+
+
+FINISH_FAULT = textwrap.dedent(
+    """
+    from spectest.suite import run
+
+    def broken(self):
+        raise FloatingPointError("injected fault while recording the timing")
+
+    run.SuiteRun.finish = broken
+    """
+)
+
+
+def test_a_fault_while_recording_a_propertys_timing_is_a_harness_error_and_keeps_its_verdict(tmp_path):
+    """The bookkeeping after a property's body (its timing record) is harness code too: a fault there
+    is recorded as a harness error (exit code 3), and the verdict the property reached stands."""
+    (tmp_path / "spectest_finish_fault.py").write_text(FINISH_FAULT)
+    run = run_pytest(
+        ["-p", "spectest_finish_fault", "--spec-model", "reference", "-n", "0", "-k", "rejection_discards"],
+        tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert run.returncode == 3, run.output[-3000:]
+    prop = "test_rejection_discards_every_later_position"
+    assert run.results[("reference", prop)].outcome == "passed", run.output[-3000:]
+    nodeid = next(t["nodeid"] for t in run.document["tests"] if t["property"] == prop)
+    assert [e["stage"] for e in run.document["harness_errors"]] == [f"timing record of {nodeid}"]
+    assert "injected fault while recording the timing" in run.output

@@ -39,7 +39,7 @@ from spectest.e2e.targets import (
     processed_draft,
 )
 from spectest.sampling import make_generator
-from spectest.sampling_params import process_logits
+from spectest.sampling_params import SamplingParams, process_logits
 
 if TYPE_CHECKING:
     from spectest.e2e.run import EngineRun
@@ -91,6 +91,13 @@ class Scored:
     tokens: torch.Tensor  # [M]
     logits: torch.Tensor  # [M, V] raw target logits at the prefix (masked ids at -inf)
     probs: torch.Tensor  # [M, V] processed target
+    params: SamplingParams  # [M] each token's request's parameters
+    sequences: list[list[int]]  # prompt + output of every request, as the engine scored them
+    prefix: torch.Tensor  # [M, 2] (sequence, position) of the logits row that predicts each token
+
+    def acceptance(self, q: torch.Tensor) -> torch.Tensor:
+        """[M] sum_x min(p_t, q_t): the chance a draft from ``q`` [M, V] is accepted at each token's prefix."""
+        return torch.minimum(self.probs, q).sum(dim=-1)
 
 
 def score(spec: EngineRun, reqs: Requests, outputs: list[list[int]]) -> Scored:
@@ -103,32 +110,25 @@ def score(spec: EngineRun, reqs: Requests, outputs: list[list[int]]) -> Scored:
             request.append(r)
             position.append(t)
             rows.append((r, len(prompt) + t - 1))
-    index = torch.tensor(rows, dtype=torch.int64)
-    chosen = mask_tokens(logits[index[:, 0], index[:, 1]], spec.engine.masked_tokens)
-    request_index = torch.tensor(request, dtype=torch.int64)
-    params = reqs.params.take(request_index)
+    prefix = torch.tensor(rows, dtype=torch.int64)
+    chosen = mask_tokens(logits[prefix[:, 0], prefix[:, 1]], spec.engine.masked_tokens)
+    params = reqs.params.take(torch.tensor(request, dtype=torch.int64))
     probs = process_logits(chosen.unsqueeze(1), params, order=spec.order).squeeze(1)
     tokens = torch.tensor([outputs[r][t] for r, t in zip(request, position, strict=True)], dtype=torch.int64)
-    return Scored(np.array(request), np.array(position), tokens, chosen, probs)
+    return Scored(np.array(request), np.array(position), tokens, chosen, probs, params, sequences, prefix)
 
 
-def draft_rows(spec: EngineRun, reqs: Requests, outputs: list[list[int]], scored: Scored) -> torch.Tensor:
+def draft_rows(spec: EngineRun, scored: Scored) -> torch.Tensor:
     """[M, V] the engine's processed draft q at every emitted token's prefix (its draft's raw logits
     by teacher forcing, processed with each request's parameters as the engine does: ``draft_warps``)."""
-    sequences = [prompt + out for prompt, out in zip(reqs.prompts, outputs, strict=True)]
-    draft = spec.draft_logits(sequences)
-    index = [
-        (int(r), len(reqs.prompts[int(r)]) + int(t) - 1) for r, t in zip(scored.request, scored.position, strict=True)
-    ]
-    rows = torch.tensor(index, dtype=torch.int64)
-    params = reqs.params.take(torch.as_tensor(scored.request))
-    return processed_draft(draft[rows[:, 0], rows[:, 1]], params, spec.order, spec.engine.draft_warps)
+    draft = spec.draft_logits(scored.sequences)
+    rows = scored.prefix
+    return processed_draft(draft[rows[:, 0], rows[:, 1]], scored.params, spec.order, spec.engine.draft_warps)
 
 
 def measure_acceptance(scored: Scored, q: torch.Tensor, tally: Tally) -> None:
     """The acceptance sum_x min(p_t, q_t) at every position the engine visited, by position."""
-    acceptance = torch.minimum(scored.probs, q).sum(dim=-1).numpy()
-    for t, a in zip(scored.position, acceptance, strict=True):
+    for t, a in zip(scored.position, scored.acceptance(q).numpy(), strict=True):
         tally.acceptance_sum[int(t)] = tally.acceptance_sum.get(int(t), 0.0) + float(a)
         tally.acceptance_count[int(t)] = tally.acceptance_count.get(int(t), 0) + 1
 
@@ -136,7 +136,7 @@ def measure_acceptance(scored: Scored, q: torch.Tensor, tally: Tally) -> None:
 def require_exact(spec: EngineRun, reqs: Requests, scored: Scored, tally: Tally, case: EngineCase) -> np.ndarray:
     """The exact rules of one call; returns which tokens are sampled and not fragile (the PIT's)."""
     __tracebackhide__ = True
-    params = reqs.params.take(torch.as_tensor(scored.request))
+    params = scored.params
     rows = torch.arange(scored.tokens.shape[0])
     own = scored.probs[rows, scored.tokens]
     greedy = params.greedy.numpy()
@@ -271,7 +271,7 @@ def check_engine_output(spec: EngineRun, case: EngineCase) -> None:
         tally.requests += len(reqs.prompts)
         tally.tokens += len(scored.tokens)
         judged = require_exact(spec, reqs, scored, tally, case)
-        q = draft_rows(spec, reqs, outputs, scored) if ratio else None
+        q = draft_rows(spec, scored) if ratio else None
         if q is not None:
             measure_acceptance(scored, q, tally)
         tally.sampled += int(judged.sum())

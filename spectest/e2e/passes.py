@@ -77,10 +77,8 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
             pytest.skip(f"{spec.engine.name} does not report tokens_per_pass and draft_lengths after a generate")
         calls += 1
         scored = score(spec, reqs, outputs)
-        q = draft_rows(spec, reqs, outputs, scored)
-        params = reqs.params.take(torch.as_tensor(scored.request))
-        acceptance = torch.minimum(scored.probs, q).sum(dim=-1).clamp(0, 1).numpy()
-        shaky = fragile(scored.logits, scored.probs, params, spec.order).numpy()
+        acceptance = scored.acceptance(draft_rows(spec, scored)).clamp(0, 1).numpy()
+        shaky = fragile(scored.logits, scored.probs, scored.params, spec.order).numpy()
         base = np.concatenate([[0], np.cumsum([len(o) for o in outputs])])
         index, offset, accepted = [], [], []
         for r in range(len(outputs)):

@@ -50,14 +50,6 @@ def time_parts(parts: dict[str, Callable[[], object]], repeats: int = REPEATS) -
     return out
 
 
-def spread(values: list[float]) -> float:
-    """Interquartile range over median."""
-    if len(values) < 4:
-        return 0.0
-    q1, q2, q3 = statistics.quantiles(values, n=4)
-    return (q3 - q1) / q2 if q2 > 0 else float("inf")
-
-
 @dataclass
 class EngineRound:
     """One round: the engine's speculative and plain runs of the same requests, and the model.
@@ -109,11 +101,11 @@ class EngineSpeed:
     def median(self, name: str) -> float:
         return float(statistics.median(getattr(r, name) for r in self.rounds))
 
-    def median_cost(self, name: str) -> float:
-        return float(statistics.median(r.costs[name] for r in self.rounds))
-
-    def median_cost_or(self, name: str, default: float = 0.0) -> float:
-        return float(statistics.median(r.costs.get(name, default) for r in self.rounds))
+    def median_cost(self, name: str, default: float | None = None) -> float:
+        """Median over rounds of one cost (``default`` where a round has none: without it, every round must)."""
+        return float(
+            statistics.median(r.costs[name] if default is None else r.costs.get(name, default) for r in self.rounds)
+        )
 
     def median_pass(self) -> float:
         return float(statistics.median(r.pass_cost for r in self.rounds))
@@ -139,8 +131,6 @@ class EngineSpeed:
 
     def mean_acceptance(self) -> float:
         """The i.i.d. acceptance whose chain gives the rounds' median expected tokens per pass."""
-        from spectest.simulators import acceptance_for_tokens_per_pass
-
         return acceptance_for_tokens_per_pass(self.median("expected_tokens_per_pass"), self.k) or 0.0
 
     def break_even(self) -> float | None:

@@ -11,25 +11,15 @@ import torch
 from spectest import rules
 from spectest.e2e.cases import EngineCase, draw_requests
 from spectest.e2e.output import draft_rows, score
-from spectest.e2e.speed import (
-    PARTS,
-    EngineRound,
-    EngineSpeed,
-    median_time,
-    spread,
-    time_parts,
-    timed,
-)
+from spectest.e2e.speed import PARTS, EngineRound, EngineSpeed, median_time, time_parts, timed
 from spectest.engine.stats import SignTest
 from spectest.simulators.text import expected_passes
-from spectest.speed.clock import OWN_CLOCK, single_threaded
+from spectest.speed.bench import AGREEMENT_MISSES, SPEED_MARGIN
+from spectest.speed.clock import NOISE_LIMIT, OWN_CLOCK, single_threaded, timing_noise
 
 if TYPE_CHECKING:
     from spectest.e2e.run import EngineRun
 
-SPEED_MARGIN = 1.1
-NOISE_LIMIT = 0.5
-AGREEMENT_MISSES = 3
 PLAIN_STEPS = 8  # a plain step's cost: (plain_generate of 1 + PLAIN_STEPS tokens - of 1 token) / PLAIN_STEPS
 
 
@@ -39,8 +29,8 @@ def expected_tokens_per_pass(spec: EngineRun, reqs, outputs, k: int, by_position
     accepted draft), and the expected passes of each request over them (the renewal chain of
     :mod:`spectest.simulators.text`: no i.i.d. assumption, the last passes cut by the end)."""
     scored = score(spec, reqs, outputs)
-    q = draft_rows(spec, reqs, outputs, scored)
-    acceptance = torch.minimum(scored.probs, q).sum(dim=-1).numpy()
+    q = draft_rows(spec, scored)
+    acceptance = scored.acceptance(q).numpy()
     for t in np.unique(scored.position):
         by_position.setdefault(int(t), []).extend(acceptance[scored.position == t].tolist())
     rows = torch.arange(len(scored.tokens))
@@ -113,7 +103,6 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
     assert speed is not None
     low, high = speed.interval("measured")
     plow, phigh = speed.interval("predicted")
-    acceptance = float(np.median([r.expected_tokens_per_pass for r in speed.rounds]))
     best = speed.optimal_k(speed.mean_acceptance())
     figure = speed.as_record() | {
         "measured_interval": [low, high],
@@ -127,9 +116,9 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
         f"{case.describe()}, K={speed.k}, {len(speed.rounds)} rounds on {OWN_CLOCK.name}: speedup "
         f"{speed.median('measured'):.3f}x measured [{low:.3f}, {high:.3f}], {speed.median('predicted'):.3f}x predicted "
         f"[{plow:.3f}, {phigh:.3f}]; tokens per pass {np.median(figure['tokens_per_pass_measured']):.3f} measured, "
-        f"{acceptance:.3f} predicted from the measured acceptance; a pass costs {1e3 * speed.median_pass():.2f} ms by its parts "
+        f"{speed.median('expected_tokens_per_pass'):.3f} predicted from the measured acceptance; a pass costs {1e3 * speed.median_pass():.2f} ms by its parts "
         f"(draft {1e3 * speed.median_cost('draft'):.2f}, target {1e3 * speed.median_cost('target'):.2f}, verify "
-        f"{1e3 * speed.median_cost('verify'):.2f}, loop {1e3 * speed.median_cost_or('loop'):.2f}) and {1e3 * speed.median('unexplained_per_pass'):.2f} ms more that "
+        f"{1e3 * speed.median_cost('verify'):.2f}, loop {1e3 * speed.median_cost('loop', 0.0):.2f}) and {1e3 * speed.median('unexplained_per_pass'):.2f} ms more that "
         f"no part explains; a plain token {1e3 * speed.median_cost('plain_step'):.2f} ms; break-even acceptance "
         f"{_fmt(speed.break_even())}, optimal K {best[0]} ({best[1]:.3f}x)"
     )
@@ -139,19 +128,6 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
         f"the measured speedup fell more than {SPEED_MARGIN}x short of the model's in {test.hits} of {test.seen} "
         f"rounds (sign test p = {test.p_value:.2g} <= {spec.alpha:.2g}): {summary}",
     )
-
-
-def timing_noise(run, repeats: int = 15, attempts: int = 3, warm: int = 3) -> float:
-    """The smallest spread (interquartile range over median) of up to ``attempts`` series of identical
-    runs, after ``warm`` untimed ones: one quiet series shows the machine can be timed."""
-    for _ in range(warm):
-        run()
-    spreads = []
-    for _ in range(attempts):
-        spreads.append(spread([timed(run) for _ in range(repeats)]))
-        if spreads[-1] <= 0.1:
-            break
-    return min(spreads)
 
 
 def _fmt(value: float | None) -> str:

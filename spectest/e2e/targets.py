@@ -28,7 +28,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spectest.protocol import DEFAULT_ORDER
 from spectest.sampling_params import SamplingParams, process_logits
 
 AMBIGUITY = 1e-4  # relative perturbation of the logits that counts as numerical noise
@@ -159,7 +158,6 @@ def offsets(tokens_per_pass: list[int]) -> list[int]:
 
 __all__ = [
     "AMBIGUITY",
-    "DEFAULT_ORDER",
     "fragile",
     "greedy_decisions",
     "included_when_favoured",

@@ -14,8 +14,8 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
   or "statistical" (a distribution check, named in ``rule``): the implementation failed; or
   "harness": spectest's own code raised (the exception in ``rule``, the phase in ``stage``, the
   ``traceback``), outcome "error", and the implementation's verdict on that property is missing)
-* ``harness_errors``: faults of the harness outside any test: [{``stage`` (summary, results
-  file, report), ``error``, ``traceback``}] (the run's exit code is then 3)
+* ``harness_errors``: faults of the harness outside any test body: [{``stage`` (a property's
+  timing record, summary, results file, report), ``error``, ``traceback``}] (the run's exit code is then 3)
 * ``checks``: one entry per distribution check: ``model``, ``property``, ``check``, ``method``,
   ``passed``, ``statistic``, ``df``, ``p_value``, ``g_statistic``, ``log_e_value``, ``alpha``,
   ``n``, ``observed_tv``, ``tv_interval`` [low, high], ``min_detectable_tv``, ``tolerance``,

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
+# A machine where identical timed runs spread more than this (interquartile range over the median,
+# on the own clock) cannot be timed: speed properties skip, saying so, rather than judge.
+NOISE_LIMIT = 0.5
+QUIET_SPREAD = 0.1  # a series this quiet settles the question: the machine can be timed
 
 
 class OwnClock:
@@ -75,6 +80,41 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(threads)
         if collecting:
             gc.enable()
+
+
+def spread(values: list[float]) -> float:
+    """Interquartile range over median of repeated timings (0 for fewer than four)."""
+    if len(values) < 4:
+        return 0.0
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return (q3 - q1) / q2 if q2 > 0 else float("inf")
+
+
+def timing_noise(
+    run: Callable[[], object],
+    *,
+    clock: Callable[[], float] = OWN_CLOCK,
+    repeats: int = 15,
+    attempts: int = 3,
+    warm: int = 3,
+) -> float:
+    """Can this machine be timed? The smallest :func:`spread` of up to ``attempts`` series of
+    ``repeats`` identical runs, after ``warm`` untimed ones (the first runs after start-up pay for
+    cold caches and pages): one quiet series shows the clock can time the machine; a machine noisy
+    in every series cannot. The caller holds :func:`single_threaded`."""
+    for _ in range(warm):
+        run()
+    spreads: list[float] = []
+    for _ in range(attempts):
+        times = []
+        for _ in range(repeats):
+            started = clock()
+            run()
+            times.append(clock() - started)
+        spreads.append(spread(times))
+        if spreads[-1] <= QUIET_SPREAD:
+            break
+    return min(spreads)
 
 
 def cpu_time() -> float:
