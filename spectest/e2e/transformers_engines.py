@@ -47,9 +47,11 @@ def _unavailable() -> str | None:
     return None
 
 
-def build_pair(*, vocab: int = VOCAB, seed: int = 0, draft_noise: float = 0.0, k: int = K) -> tuple[Any, Any]:
-    """A seeded 2-layer Llama target and a 1-layer draft sharing its first layer, embeddings and
-    head, with ``draft_noise`` times their scale of seeded noise on every draft weight."""
+def build_pair(
+    *, vocab: int = VOCAB, seed: int = 0, draft_noise: float = 0.0, k: int = K, target_layers: int = 2
+) -> tuple[Any, Any]:
+    """A seeded Llama target of ``target_layers`` layers and a 1-layer draft sharing its first layer,
+    embeddings and head, with ``draft_noise`` times their scale of seeded noise on every draft weight."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     def config(layers: int) -> Any:
@@ -69,7 +71,7 @@ def build_pair(*, vocab: int = VOCAB, seed: int = 0, draft_noise: float = 0.0, k
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        target = LlamaForCausalLM(config(2)).eval()
+        target = LlamaForCausalLM(config(target_layers)).eval()
         target.lm_head.weight.normal_(0.0, LOGIT_SCALE / target.config.hidden_size**0.5)
         draft = LlamaForCausalLM(config(1)).eval()
         draft.load_state_dict(target.state_dict(), strict=False)  # the target's first layer, embeddings, head
@@ -145,10 +147,11 @@ class TransformersLoop:
         k: int = K,
         seed: int = 0,
         draft_noise: float = 0.0,
+        target_layers: int = 2,
         target: str | None = None,
         draft: str | None = None,
     ) -> None:
-        self.k, self.seed, self.draft_noise = k, seed, draft_noise
+        self.k, self.seed, self.draft_noise, self.target_layers = k, seed, draft_noise, target_layers
         self.target_path, self.draft_path = target, draft
         self._models: tuple[Any, Any] | None = None
         self.passes: list[int] | None = None
@@ -173,7 +176,9 @@ class TransformersLoop:
     def models(self) -> tuple[Any, Any]:
         if self._models is None:
             if self.target_path is None:
-                self._models = build_pair(seed=self.seed, draft_noise=self.draft_noise, k=self.k)
+                self._models = build_pair(
+                    seed=self.seed, draft_noise=self.draft_noise, k=self.k, target_layers=self.target_layers
+                )
             else:
                 target = load_checkpoint(self.target_path, self.k)
                 draft = load_checkpoint(self.draft_path, self.k) if self.draft_path else None

@@ -7,7 +7,11 @@ the speed properties must not:
   the correction) and throws the rest away: exact, because where a pass stops does not depend on the
   tokens it throws away, but one token per pass where its acceptance allows about two;
 * ``target_twice_per_pass``: every pass runs the target a second time over the whole sequence
-  and throws the result away: its passes cost more than its components explain.
+  and throws the result away: its passes cost more than its components explain. Its target has 8
+  layers, so the target weighs in a pass as it does in a real pair: with the 2-layer target of
+  ``transformers-assisted`` a target run is a sixth of a pass (transformers drafts with a whole
+  ``generate`` call), the second run costs about 17%, only 7 points past the property's 10%
+  margin, and the sign test over rounds catches it in about 4 runs of 10.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ class TargetTwicePerPass(Patched):
 
 
 keeps_one_token_per_pass = KeepsOneTokenPerPass()
-target_twice_per_pass = TargetTwicePerPass()
+target_twice_per_pass = TargetTwicePerPass(target_layers=8)
 
 TOKENS = "test_tokens_per_pass_follow_the_engines_acceptance"
 SPEED = "test_engine_speedup_follows_its_model"
