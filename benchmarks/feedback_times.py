@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import statistics
 import subprocess
 import sys
@@ -21,20 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from busy import busy_processes
+
 REPO = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 
 
-def spin() -> None:
-    while True:
-        pass
-
-
 def measure(label: str, args: list[str], busy: int) -> dict[str, object]:
-    workers = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
-    for worker in workers:
-        worker.start()
-    try:
+    with busy_processes(busy):
         with tempfile.TemporaryDirectory() as tmp:
             results = Path(tmp) / "results.json"
             started = time.perf_counter()
@@ -43,9 +36,6 @@ def measure(label: str, args: list[str], busy: int) -> dict[str, object]:
             )
             seconds = time.perf_counter() - started
             document = json.loads(results.read_text()) if results.exists() else {"checks": [], "tests": []}
-    finally:
-        for worker in workers:
-            worker.terminate()
     checks = [c for c in document["checks"] if c.get("df", 0) > 0]
     below = [c for c in checks if c.get("time_limited")]
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"exit {proc.returncode}"

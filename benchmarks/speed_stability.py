@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import statistics
 import subprocess
 import sys
@@ -25,17 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from busy import busy_processes
+
 REPO = Path(__file__).resolve().parent.parent
 MODELS = (
     "reference",
     str(REPO / "tests" / "verifiers" / "correct.py") + ":exponential_race",
     str(REPO / "tests" / "verifiers" / "slow.py") + ":full_residual_every_position",
 )
-
-
-def spin() -> None:
-    while True:
-        pass
 
 
 def one_run(models: list[str], seed: int, engines: bool = False) -> tuple[float, list[dict[str, object]]]:
@@ -145,14 +141,8 @@ def main() -> int:
     print(f"idle: {args.runs} runs of the speed property on {len(models)} subjects", flush=True)
     idle = series("idle", models, args.runs, 1, engines)
     print(f"loaded: {args.runs} runs with {args.busy} CPU-bound processes beside it", flush=True)
-    workers = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
-    for worker in workers:
-        worker.start()
-    try:
+    with busy_processes(args.busy):
         loaded = series("loaded", models, args.runs, 101, engines)
-    finally:
-        for worker in workers:
-            worker.terminate()
     for line in tally("idle", idle) + tally(f"loaded ({args.busy} busy processes)", loaded):
         print(line)
     return 0 if all(r["outcome"] == "passed" for r in idle + loaded) else 1

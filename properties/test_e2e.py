@@ -14,6 +14,7 @@ import torch
 
 from spectest import rules
 from spectest.e2e.cases import EngineCase, draw_requests, engine_cases
+from spectest.e2e.first_tokens import check_first_tokens
 from spectest.e2e.output import Tally, check_engine_output, require_exact, score
 from spectest.e2e.passes import check_acceptance
 from spectest.e2e.protocol import BATCH_INVARIANT, DRAFT_LOGITS, PLAIN, SEEDED, TOKEN_WISE
@@ -33,6 +34,18 @@ def test_engine_output_follows_the_target(spec_e2e) -> None:
         engine_cases(),
         lambda case: check_engine_output(spec_e2e, case),
         explicit=[EngineCase(requests=8, max_new_tokens=16, prompt_lengths=(2, 8), mix="mixed", seed=1)],
+    )
+
+
+@pytest.mark.spec_property(examples=1, explicit=1, checks=1)
+def test_first_tokens_of_one_prompt_follow_the_target(spec_e2e) -> None:
+    """One prompt in every request of a call, one set of parameters: the first tokens are independent
+    draws from one processed target, tested token by token over the whole vocabulary (every id its own
+    cell where the draws are sparse), where the PIT's ten bins would hide mass moved between neighbours."""
+    spec_e2e.given(
+        engine_cases(requests=(32, 32), new_tokens=(2, 2), mixes=("sampled",)),
+        lambda case: check_first_tokens(spec_e2e, case),
+        explicit=[EngineCase(requests=32, max_new_tokens=2, prompt_lengths=(6, 6), mix="sampled", seed=4)],
     )
 
 

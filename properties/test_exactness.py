@@ -13,11 +13,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import strategies as st
 
 from spectest import rules
 from spectest import strategies as sst
-from spectest.cases.layouts import LAYOUTS, lay_out
-from spectest.cases.ragged import RaggedCase, build_ragged, pad_draft_ids, ragged_cases
+from spectest.cases.layouts import LAYOUTS, STRIDED_LAYOUTS, lay_out
+from spectest.cases.ragged import PADDING_IDS, RaggedCase, build_ragged, pad_draft_ids, ragged_cases
 from spectest.cases.tensors import HALF, as_given, repeat_rows, to_tensor
 from spectest.cases.toy_models import markov_pair
 from spectest.protocol import RAGGED as RAGGED_DRAFTS
@@ -82,62 +83,107 @@ def test_sequences_follow_the_target(spec) -> None:
     )
 
 
-# The large-vocabulary half-precision cases, at the suite's tolerance: every sample reads 32000-long
-# rows, and a flat target's thousands of pooled cells would need about 100,000 samples (9G elements) to
-# detect TV 0.05; a peaky one (0.9 on one token, a Dirichlet tail of 0.1) needs 18,000 (0.9G elements,
-# about 3 s each on the reference), and a half-precision running sum that stalls still loses its tail.
-LARGE_V_BATCH = 8
-LARGE_V_K = 1
-LARGE_V_ELEMENTS = 1_000_000_000
-LARGE_V_KINDS = (("peaky", "close"),)
-
-
-@pytest.mark.spec_property(examples=6, explicit=1 + len(HALF), checks=1)
-def test_every_row_and_position_is_exact(spec) -> None:
-    def body(case: sst.ChainCase) -> None:
-        built_target, built_draft = sst.build_chain(case)
-        target, target_np = as_given(built_target, device=spec.device, dtype=case.dtype)
-        draft, draft_np = as_given(built_draft, device=spec.device, dtype=case.dtype)
-        draft_gen, verify_gen = spec.generators(case.seed)
-        drafter = RepeatedCategorical(draft)
-        layout = case.layout if STRIDED in spec.model.capabilities else "contiguous"
-
-        def call(reps: int) -> torch.Tensor:
-            drafts = drafter.sample(reps, draft_gen).reshape(-1, case.k)
-            inputs = (drafts, repeat_rows(draft, reps), repeat_rows(target, reps))
-            return spec.verify(*(lay_out(tensor, layout) for tensor in inputs), verify_gen)
-
-        check_every_position(
-            spec,
-            target_np,
-            draft_np,
-            call,
-            seed=case.seed,
-            case=str(case),
-            # The large-vocabulary half cases run at the suite's tolerance: their few rows need more draws.
-            max_case_elements=LARGE_V_ELEMENTS if case.vocab >= 32000 and case.dtype in HALF else MAX_CASE_ELEMENTS,
-            max_call_elements=MAX_CALL_ELEMENTS,
-        )
-
-    # Explicit cases: strided, tails masked on both sides, in half precision if the model takes it; and
-    # each half dtype the model declares at V = 32000 on non-flat targets, where half-precision sums bite.
-    explicit = [
-        sst.ChainCase(
-            batch=80,
-            k=6,
-            vocab=1100,
-            kinds=(("dirichlet", "far"), ("sparse", "zero_heavy"), ("masked_tail", "masked_like_target")),
-            seed=3,
-            dtype=next((d for d in HALF if d in spec.model.dtypes), "float32"),
-            layout="vocab-padded",
-        ),
-        *(
-            sst.ChainCase(batch=LARGE_V_BATCH, k=LARGE_V_K, vocab=32000, kinds=LARGE_V_KINDS, seed=4, dtype=dtype)
-            for dtype in HALF
-            if dtype in spec.model.dtypes
-        ),
+def layout_cases(spec) -> list[sst.ChainCase]:
+    """One explicit case per strided layout, each in another declared dtype (cycling), so every layout
+    and every dtype the model takes is in every run: the first masks tails on both sides."""
+    if STRIDED not in spec.model.capabilities:
+        return []
+    dtypes = [d for d in (*HALF, "float32", "float64") if d in spec.model.dtypes] or ["float32"]
+    kinds = (("dirichlet", "far"), ("sparse", "zero_heavy"), ("masked_tail", "masked_like_target"))
+    sizes = [(80, 6, 1100), (66, 3, 257), (70, 2, 129), (68, 4, 500)]
+    return [
+        sst.ChainCase(batch=b, k=k, vocab=v, kinds=kinds, seed=3 + i, dtype=dtypes[i % len(dtypes)], layout=layout)
+        for i, (layout, (b, k, v)) in enumerate(zip(STRIDED_LAYOUTS, sizes, strict=True))
     ]
-    spec.given(POSITIONS.chain_cases(layouts=LAYOUTS, dtypes=spec.model.dtypes), body, explicit=explicit)
+
+
+def check_chain_case(spec, case: sst.ChainCase, *, max_case_elements: int = MAX_CASE_ELEMENTS) -> None:
+    """Every row and position of ``case``'s repeated calls, its inputs in the case's layout."""
+    __tracebackhide__ = True
+    built_target, built_draft = sst.build_chain(case)
+    target, target_np = as_given(built_target, device=spec.device, dtype=case.dtype)
+    draft, draft_np = as_given(built_draft, device=spec.device, dtype=case.dtype)
+    draft_gen, verify_gen = spec.generators(case.seed)
+    drafter = RepeatedCategorical(draft)
+    layout = case.layout if STRIDED in spec.model.capabilities else "contiguous"
+
+    def call(reps: int) -> torch.Tensor:
+        drafts = drafter.sample(reps, draft_gen).reshape(-1, case.k)
+        inputs = (drafts, repeat_rows(draft, reps), repeat_rows(target, reps))
+        return spec.verify(*(lay_out(tensor, layout) for tensor in inputs), verify_gen)
+
+    check_every_position(
+        spec,
+        target_np,
+        draft_np,
+        call,
+        seed=case.seed,
+        case=str(case),
+        max_case_elements=max_case_elements,
+        max_call_elements=MAX_CALL_ELEMENTS,
+    )
+
+
+@pytest.mark.spec_property(examples=6, explicit=len(STRIDED_LAYOUTS), checks=1)
+def test_every_row_and_position_is_exact(spec) -> None:
+    # Explicit cases: every strided layout (each starting inside its buffer) in every declared dtype,
+    # the first with tails masked on both sides; generated cases draw their layout and dtype.
+    spec.given(
+        POSITIONS.chain_cases(layouts=LAYOUTS, dtypes=spec.model.dtypes),
+        lambda case: check_chain_case(spec, case),
+        explicit=layout_cases(spec),
+    )
+
+
+# Real vocabulary sizes (Llama 2's 32000, Qwen 2's 152064, Gemma's 256000) on rows like a language
+# model's: softmax of Gaussian logits (scale 2 here; "lm" draws 2-4, "zipf" a Zipf tail). Nearly every
+# token is expected far below once, so the pooled cells merge hundreds of neighbours; the identity
+# test that keeps every token its own cell (spectest.engine.sparse) sees mass moved among them.
+# K = 1, one row of each kind: position 0 of the first row mostly rejects its far draft (the residual's
+# sampler), position 1 of the second is an exact draft's bonus (the target's sampler). The generated
+# example draws V = 32000 rows of every kind, language-model-like ones included.
+LARGE_VOCABULARIES = (32000, 152064, 256000)
+LARGE_KINDS = (("lm:2", "far"), ("lm:2", "equal"))
+# Draws of the batch per case: an r-to-1 lumping of the sparse tokens shows as r times their repeats,
+# and repeats grow with the square of the draws (spectest.engine.sparse).
+LARGE_DRAWS = {32000: 1500, 152064: 600, 256000: 600}
+# The generated example: V = 32000 rows of the language-model-like kinds at any scale, and others.
+GENERATED_LARGE_KINDS = st.tuples(
+    st.sampled_from(("lm", "zipf", "dirichlet", "peaky")), st.sampled_from(("equal", "close", "far", "uniform"))
+)
+
+
+def large_vocabulary_dtypes(spec) -> list[str]:
+    """Every half dtype the model declares, or float32 for a model that takes none."""
+    return [d for d in HALF if d in spec.model.dtypes] or ["float32"]
+
+
+@pytest.mark.spec_property(examples=1, explicit=2 * len(LARGE_VOCABULARIES), checks=1)
+def test_large_vocabularies_are_exact(spec) -> None:
+    """Every row and position at V = 32000, 152064 and 256000 in every half dtype the model declares
+    (float32 if none), on language-model-like rows, each token its own cell where it is expected
+    below once: a sampler whose inverse CDF lumps neighbouring tokens (prefix sums stored in half
+    precision) fails here, whatever the pooled views see."""
+    dtypes = large_vocabulary_dtypes(spec)
+
+    def case(vocab: int, dtype: str, seed: int) -> sst.ChainCase:
+        return sst.ChainCase(batch=len(LARGE_KINDS), k=1, vocab=vocab, kinds=LARGE_KINDS, seed=seed, dtype=dtype)
+
+    explicit = [case(v, d, 10 + i) for i, (v, d) in enumerate((v, d) for v in LARGE_VOCABULARIES for d in dtypes)]
+    generated = st.builds(
+        sst.ChainCase,
+        batch=st.integers(2, 6),
+        k=st.integers(1, 2),
+        vocab=st.just(LARGE_VOCABULARIES[0]),
+        kinds=st.lists(GENERATED_LARGE_KINDS, min_size=1, max_size=3).map(tuple),
+        seed=st.integers(0, 2**32 - 1),
+        dtype=st.sampled_from(dtypes),
+    )
+    spec.given(
+        generated,
+        lambda c: check_chain_case(spec, c, max_case_elements=LARGE_DRAWS[c.vocab] * c.batch * (2 * c.k + 1) * c.vocab),
+        explicit=explicit,
+    )
 
 
 # Ragged batches: each row carries 0..K drafts (vLLM's per-request counts, FlashInfer's -1 padding),
@@ -145,7 +191,7 @@ def test_every_row_and_position_is_exact(spec) -> None:
 RAGGED = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 1024))
 
 
-@pytest.mark.spec_property(examples=5, explicit=2, checks=1, needs=(RAGGED_DRAFTS,))
+@pytest.mark.spec_property(examples=2, explicit=len(PADDING_IDS), checks=1, needs=(RAGGED_DRAFTS,))
 def test_short_rows_emit_at_most_their_drafts_plus_one(spec) -> None:
     """Rows with fewer than K drafts (marked as the model declares, the padding holding what an
     engine leaves there): at most n_r + 1 tokens come out (exact), and each row's tokens, its
@@ -187,12 +233,24 @@ def test_short_rows_emit_at_most_their_drafts_plus_one(spec) -> None:
             lengths=inputs.lengths,
         )
 
+    spec.given(ragged_cases(RAGGED.chain_cases(dtypes=spec.model.dtypes)), body, explicit=ragged_explicit(spec))
+
+
+def ragged_explicit(spec) -> list[RaggedCase]:
+    """Every padding form in every run: one explicit case per padding-id scheme, the draft and target
+    padding rows and the declared dtypes cycling beside them (so each row scheme and dtype comes too).
+    The first is honest ids with uniform rows (a bonus taken from the wrong position shows); "target-argmax"
+    ids with the target's own row as q are what a verifier that verifies the padding accepts with certainty."""
     kinds = (("dirichlet", "far"), ("peaky", "close"))
-    explicit = [
-        # Uniform padding rows, honest padding ids: a bonus taken from the wrong position shows.
-        RaggedCase(sst.ChainCase(batch=72, k=5, vocab=300, kinds=kinds, seed=5)),
-        # What an engine's buffers hold: the target's favourite as padding id, its own row as q, zeros past
-        # the bonus. A verifier that verifies the padding accepts it with certainty.
-        RaggedCase(sst.ChainCase(batch=72, k=5, vocab=300, kinds=kinds, seed=6), "target-argmax", "target", "zeros"),
+    dtypes = list(spec.model.dtypes) or ["float32"]
+    rows = ("uniform", "target", "zeros", "last-real")
+    ids = ("honest", "target-argmax", *(i for i in PADDING_IDS if i not in ("honest", "target-argmax")))
+    return [
+        RaggedCase(
+            sst.ChainCase(batch=72, k=5, vocab=300, kinds=kinds, seed=5 + i, dtype=dtypes[i % len(dtypes)]),
+            padding,
+            rows[i % len(rows)],
+            rows[(i + 1) % len(rows)] if i else "uniform",
+        )
+        for i, padding in enumerate(ids)
     ]
-    spec.given(ragged_cases(RAGGED.chain_cases(dtypes=spec.model.dtypes)), body, explicit=explicit)

@@ -19,6 +19,7 @@ END = "<!-- end of the property-by-bug matrix -->"
 PROPERTIES = [
     "test_sequences_follow_the_target",
     "test_every_row_and_position_is_exact",
+    "test_large_vocabularies_are_exact",
     "test_short_rows_emit_at_most_their_drafts_plus_one",
     "test_rejection_discards_every_later_position",
     "test_all_accepted_then_bonus_from_its_own_row",

@@ -30,6 +30,25 @@ class Run:
     results: dict[tuple[str, str], Outcome]  # (model id, test name) -> outcome
     document: dict | None = None  # the run's results file (spectest.results/1), when it wrote one
 
+    def explain(self, model: str, prop: str, limit: int = 4000) -> str:
+        """What decided ``prop`` on ``model``, for a meta-test's failure message: the outcome, its
+        failure text, and the figures and checks the run recorded for it (a passing property has no
+        failure text: its figures say why it passed)."""
+        outcome = self.results.get((model, prop))
+        if outcome is None:
+            return f"{model} on {prop}: not in the run\n{self.output[-limit:]}"
+        records = [
+            {key: value for key, value in record.items() if key not in ("model", "property", "counts", "model_probs")}
+            for section in ("figures", "checks")
+            for record in (self.document or {}).get(section, [])
+            if record.get("model") == model and record.get("property") == prop
+        ]
+        figures = json.dumps(records, default=str)
+        return (
+            f"{model} on {prop}: {outcome.outcome} {outcome.failure or ''}\n{outcome.text[-limit:]}\n"
+            f"recorded: {figures[:limit]}"
+        )
+
 
 def run_pytest(args: list[str], workdir: Path, timeout: float = 900, env: dict[str, str] | None = None) -> Run:
     """``python -m pytest ARGS`` in ``workdir`` (outside the repo, as a user would run it), with

@@ -64,6 +64,32 @@ def test_layouts_keep_the_values_and_the_reference_ignores_strides(layout):
     for original, view in zip((ids, q, p), views, strict=True):
         assert torch.equal(original, view)
         assert view.is_contiguous() == (layout == "contiguous")
+        # Every strided layout starts inside its buffer: a kernel that drops the offset reads padding.
+        assert (view.storage_offset() > 0) == (layout != "contiguous")
     contiguous = verify(ids, q, p, generator=torch.Generator().manual_seed(5))
     strided = verify(*views, generator=torch.Generator().manual_seed(5))
     assert torch.equal(contiguous, strided)
+
+
+def test_every_layout_dtype_and_padding_form_is_an_explicit_case_of_every_run():
+    """Coverage that does not depend on what Hypothesis draws: each strided layout, each declared dtype
+    and each ragged padding scheme is an explicit case (a layout bug fails every run, not one in three)."""
+    from types import SimpleNamespace
+
+    from spectest.properties.test_exactness import layout_cases, ragged_explicit
+
+    from spectest.cases.layouts import STRIDED_LAYOUTS
+    from spectest.cases.ragged import PADDING_IDS, PADDING_ROWS
+    from spectest.protocol import STRIDED
+
+    dtypes = ("float32", "float64", "bfloat16", "float16")
+    spec = SimpleNamespace(model=SimpleNamespace(capabilities=frozenset({STRIDED}), dtypes=dtypes))
+    cases = layout_cases(spec)
+    assert {c.layout for c in cases} == set(STRIDED_LAYOUTS)
+    assert {c.dtype for c in cases} == set(dtypes)
+    ragged = ragged_explicit(spec)
+    assert {c.padding_ids for c in ragged} == set(PADDING_IDS)
+    assert {c.draft_padding for c in ragged} == {c.target_padding for c in ragged} == set(PADDING_ROWS)
+    assert {c.chain.dtype for c in ragged} == set(dtypes)
+    contiguous_only = SimpleNamespace(model=SimpleNamespace(capabilities=frozenset(), dtypes=("float32",)))
+    assert layout_cases(contiguous_only) == []  # their layouts would all be contiguous

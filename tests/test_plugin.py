@@ -68,7 +68,7 @@ def test_header_names_models_device_and_seed_and_ini_works(pytester):
         ]
     )
     result.stdout.fnmatch_lines(["*test_sequences_follow_the_target?reference?*"])
-    assert "20 tests collected" in result.stdout.str()
+    assert "21 tests collected" in result.stdout.str()
 
 
 def test_repeated_models_get_readable_ids(pytester):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TARGET_KINDS = ("dirichlet", "peaky", "sparse", "tiny", "one_hot", "masked_tail", "extreme")
+TARGET_KINDS = ("dirichlet", "peaky", "sparse", "tiny", "one_hot", "masked_tail", "extreme", "lm", "zipf")
 DRAFT_KINDS = (
     "equal",
     "close",
@@ -91,6 +91,16 @@ def target_distributions(rng: np.random.Generator, rows: int, vocab: int, kind: 
         top = rng.integers(vocab, size=rows)
         rest[np.arange(rows), top] = 1 - 1e-7
         return _normalise(rest)
+    name, _, parameter = kind.partition(":")  # "lm:2" and "zipf:1.0" fix what "lm" and "zipf" draw
+    if name == "lm":  # a language model's next token: softmax of Gaussian logits at a scale of 2 to 4
+        scale = float(parameter) if parameter else rng.uniform(2.0, 4.0, size=(rows, 1))
+        logits = scale * rng.standard_normal(shape)
+        return _normalise(np.exp(logits - logits.max(axis=-1, keepdims=True)))
+    if name == "zipf":  # a Zipf-like tail, p proportional to rank^-a (a in 1.0-1.2), frequent ids scattered
+        exponent = float(parameter) if parameter else rng.uniform(1.0, 1.2, size=(rows, 1))
+        ranked = np.arange(1, vocab + 1, dtype=np.float64)[None, :] ** -exponent
+        order = np.argsort(rng.random(shape), axis=-1)
+        return _normalise(np.take_along_axis(ranked, order, axis=-1))
     raise ValueError(f"unknown target kind {kind!r}; choose from {TARGET_KINDS}")
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from spectest.engine.sequential import MixtureEProcess
+from spectest.engine.sparse import in_sparse_regime, sparse_identity_test
 from spectest.engine.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
 from spectest.engine.tv import measure_tv
 from spectest.speed.clock import Ledger
@@ -70,6 +71,7 @@ class DistributionCheck:
         ledger: Ledger | None = None,
         measured: tuple[float, int] | None = None,
         first_look: int = FIRST_BATCH,
+        strata: np.ndarray | None = None,
     ) -> None:
         """``probs`` [G, C]: exact probabilities of each group's cells; ``reach`` [G]: expected
         samples per group per draw (1 if every draw lands in every group); ``views``: pooling
@@ -80,7 +82,10 @@ class DistributionCheck:
         with the draws it has (at least ``min_draws``). Time does not depend on the counts, so
         stopping on it keeps the fixed test valid; ``ledger`` accounts the statistics' own time;
         ``first_look``: draws before the e-processes first look (then at every doubling), fewer
-        where one draw is expensive (an engine's whole generate call)."""
+        where one draw is expensive (an engine's whole generate call); ``strata`` [G]: groups
+        that are independent given their sample sizes share a stratum (rows of a call at one
+        position): where the plan leaves many tokens expected below once, a test that keeps every
+        token its own cell joins the pooled views (spectest.engine.sparse), with its share of the level."""
         self.ledger = ledger
         self.measured = measured
         self.time_budget = time_budget or None
@@ -98,18 +103,29 @@ class DistributionCheck:
         self.alpha = alpha
         self.alpha_sequential = alpha * SEQUENTIAL_SHARE
         self.alpha_fixed = alpha - self.alpha_sequential
-        self.alpha_view = self.alpha_fixed / len(views)
         self.tolerance = tolerance
+        # Lossy mode measures TV; the sparse test detects deviations, which a lossy model is allowed.
+        self.strata = None if strata is None or measured is not None else np.asarray(strata)
         with self._statistics():
-            self.planned, self.planned_mde = plan_draws(
-                self.reach,
-                (probs > 0).sum(axis=1),
-                probs.max(axis=1),
-                alpha=self.alpha_view,
-                tolerance=tolerance,
-                min_draws=min_draws,
-                max_draws=max_draws,
-            )
+            # The regime is decided before sampling, from the plan (probabilities, reach, level), never
+            # from the counts: planned with the sparse test's share of the level first, and again
+            # without it where the plan leaves too few tokens expected below once to test.
+            def plan(tests: int) -> tuple[int, float]:
+                return plan_draws(
+                    self.reach,
+                    (probs > 0).sum(axis=1),
+                    probs.max(axis=1),
+                    alpha=self.alpha_fixed / tests,
+                    tolerance=tolerance,
+                    min_draws=min_draws,
+                    max_draws=max_draws,
+                )
+
+            self.planned, self.planned_mde = plan(len(views) + 1) if self.strata is not None else plan(len(views))
+            self.sparse = self.strata is not None and in_sparse_regime(probs, self.planned * self.reach)
+            if self.strata is not None and not self.sparse:
+                self.planned, self.planned_mde = plan(len(views))
+            self.alpha_view = self.alpha_fixed / (len(views) + self.sparse)
             if measured is not None:
                 self.planned = max(self.planned, min(max_draws, MEASURED_DRAWS))
             self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
@@ -218,8 +234,20 @@ class DistributionCheck:
             fits.append(
                 chisquare_groups(f"{self.name}, pooled {view.name}", groups, alpha=self.alpha_view, seed=self.seed)
             )
+        sparse = (
+            sparse_identity_test(self.counts, self.probs, self.strata, alpha=self.alpha_view, labels=self.labels)
+            if self.sparse
+            else None
+        )
         fit = min(fits, key=lambda f: f.p_value)
-        fit.p_value = min(1.0, fit.p_value * len(self.views))
+        tests = len(self.views) + self.sparse
+        if sparse is not None and sparse.p_value < fit.p_value and not self.rejected_early:
+            fit.sparse_decided = True
+            fit.p_value = sparse.p_value
+            fit.worst_cells = sparse.worst
+        fit.sparse = sparse
+        fit.rule = self.name
+        fit.p_value = min(1.0, fit.p_value * tests)
         fit.alpha = self.alpha_fixed
         fit.min_detectable_tv = min(f.min_detectable_tv for f in fits)
         fit.log_e_value = self.log_e

@@ -23,11 +23,15 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import optimize, stats
 
 from spectest.engine.tv import MeasuredTV
+
+if TYPE_CHECKING:
+    from spectest.engine.sparse import SparseResult
 
 DEFAULT_POWER = 0.99
 MIN_EXPECTED = 10.0  # per pooled cell: keeps Pearson's tail close to chi-square at small alpha
@@ -132,6 +136,9 @@ class FitResult:
     tolerance: float | None = None
     time_limited: bool = False  # concluded at the time budget, before the planned draws
     measured: MeasuredTV | None = None  # lossy mode: the TV interval decides, not the exactness test
+    rule: str = ""  # the distribution check this verdict belongs to (rules.PER_POSITION, ...); "" when standalone
+    sparse: SparseResult | None = None  # the check's every-token-its-own-cell test, when its regime ran one
+    sparse_decided: bool = False  # the sparse test, not a pooled view, gave the smallest p-value
 
     @property
     def passed(self) -> bool:
@@ -146,6 +153,11 @@ class FitResult:
                 f"e-value {_power_of_ten(self.log_e_value or 0.0)} >= 1/alpha = {1 / (self.e_alpha or 1):.3g} "
                 f"(anytime-valid p <= {_power_of_ten(-(self.log_e_value or 0.0))})"
             )
+        elif self.sparse_decided and self.sparse is not None:
+            head = (
+                f"{self.check}: every token its own cell, {self.sparse.describe()}; p={self.p_value:.3g} "
+                f"(alpha={self.alpha:.2g})"
+            )
         else:
             head = (
                 f"{self.check}: {self.method} chi2={self.statistic:.1f} on df={self.df}, p={self.p_value:.3g} "
@@ -158,10 +170,17 @@ class FitResult:
             lines = [
                 head,
                 f"  estimated TV distance to the target {self.observed_tv:.4f} "
-                f"({CI_LEVEL:.0%} simultaneous interval [{low:.4f}, {high:.4f}]; binned, n-weighted over groups)",
+                f"({CI_LEVEL:.0%} simultaneous interval [{low:.4f}, {high:.4f}]; binned, n-weighted over groups"
+                + ("; a lumping inside a pooled cell moves none of it" if self.sparse_decided else "")
+                + ")",
                 f"  minimum detectable TV at power {DEFAULT_POWER}: {self.min_detectable_tv:.4f}"
                 + (f" (tolerance asked: {self.tolerance:g})" if self.tolerance else ""),
             ]
+            if self.sparse is not None:
+                lines.append(
+                    f"  every token its own cell: an r-to-1 lumping of the sparse tokens is detected from TV "
+                    f"{self.sparse.min_detectable_tv:.4f} at power {DEFAULT_POWER}"
+                )
         if self.time_limited:
             lines.append(
                 f"  time-limited: {self.draws} of {self.planned_draws} planned draws fit in --spec-property-seconds; "
@@ -195,6 +214,7 @@ class FitResult:
             "passed": self.passed,
             "worst_cells": [list(cell) for cell in self.worst_cells],
             "measured": self.measured.as_record() if self.measured is not None else None,
+            "sparse": self.sparse.as_record() if self.sparse is not None else None,
         }
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in record.items()}
 

@@ -36,8 +36,10 @@ def verify(
     target_probs[r, n_r] (ragged batches, as vLLM passes them)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
-    draft_probs, target_probs = working_precision(draft_probs), working_precision(target_probs)
-    u = torch.rand((batch, k), generator=generator, device=device, dtype=target_probs.dtype)
+    # Half inputs stay as given: the verifier reads the few values it needs, each divided by its row's
+    # float32 sum (the distribution the given values define), instead of a float32 copy of every row.
+    scales = (half_row_sums(draft_probs), half_row_sums(target_probs))
+    u = torch.rand((batch, k), generator=generator, device=device, dtype=working_dtype(target_probs))
     v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
     return verify_at(
         draft_token_ids,
@@ -46,7 +48,23 @@ def verify(
         u,
         lambda weights: inverse_cdf_blocked(weights, v),
         lengths=num_draft_tokens,
+        scales=scales,
     )
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
+    """[..., 1] each row's float32 sum for half inputs (a row of zeros gives the smallest normal, so
+    0 / it stays 0); None for float32 and float64, which are used as given."""
+    if probs.dtype not in HALF_DTYPES:
+        return None
+    return probs.sum(dim=-1, keepdim=True, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def working_dtype(probs: torch.Tensor) -> torch.dtype:
+    return torch.float32 if probs.dtype in HALF_DTYPES else probs.dtype
 
 
 def working_precision(probs: torch.Tensor) -> torch.Tensor:
@@ -61,15 +79,22 @@ def working_precision(probs: torch.Tensor) -> torch.Tensor:
     return wide / wide.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=None) -> torch.Tensor:
+def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=None, scales=None) -> torch.Tensor:
     """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the
-    extra token; ``lengths`` [B]: drafts per row (default K)."""
+    extra token; ``lengths`` [B]: drafts per row (default K); ``scales``: (q, p) row sums [B, K, 1]
+    and [B, K + 1, 1] of unnormalised half inputs: every value read is widened to float32 and divided
+    by its row's sum (what :func:`working_precision` gives, without widening the untouched rows)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
     # -1 padding past a short row is never read as a token (and costs nothing when no row is short).
     ids = (draft_token_ids if lengths is None else draft_token_ids.clamp_min(0)).unsqueeze(-1)
-    p_draft = target_probs[:, :k].gather(-1, ids).squeeze(-1)
-    q_draft = draft_probs.gather(-1, ids).squeeze(-1)
+    q_scale, p_scale = scales if scales is not None else (None, None)
+
+    def widened(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        return values if scale is None else values.float() / scale  # a scale comes with half values only
+
+    p_draft = widened(target_probs[:, :k].gather(-1, ids), None if p_scale is None else p_scale[:, :k]).squeeze(-1)
+    q_draft = widened(draft_probs.gather(-1, ids), q_scale).squeeze(-1)
     # u < p/q without a division: exact when p >= q (always accepted) and when q = 0.
     accepted = u * q_draft < p_draft
     if lengths is not None:
@@ -78,8 +103,9 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     drafted = torch.full_like(n_accepted, k) if lengths is None else lengths
 
     rows = torch.arange(batch, device=device)
-    p_next = target_probs[rows, n_accepted]
-    q_next = draft_probs[rows, n_accepted.clamp(max=k - 1)]
+    at_draft = n_accepted.clamp(max=k - 1)
+    p_next = widened(target_probs[rows, n_accepted], None if p_scale is None else p_scale[rows, n_accepted])
+    q_next = widened(draft_probs[rows, at_draft], None if q_scale is None else q_scale[rows, at_draft])
     # One fused pass: p - q after a rejection, p itself (the bonus) when every draft was accepted.
     rejected = (n_accepted < drafted).to(p_next.dtype).unsqueeze(-1)
     residual = torch.addcmul(p_next, q_next, rejected, value=-1).clamp_min_(0)

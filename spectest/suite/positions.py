@@ -4,7 +4,9 @@ Every row and position of a batch has its own (p, q); the batch is handed to the
 copies at a time with fresh drafts, and the emitted token at each (row, position) is tested
 against p there, weighted by how often that position is reached (standard rejection sampling
 reaches position i with probability prod_{j<i} sum min(p_j, q_j)). Tokens of target
-probability zero are an exact failure.
+probability zero are an exact failure. Where most tokens are expected far below once (large
+vocabularies), every token is also its own cell (spectest.engine.sparse), the rows at each
+position one stratum.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def check_every_position(
             "by token id": token_id_orders(b * k1, v),
         },
         labels=[f"row {r}{row_labels[r]} pos {i}: " for r in range(b) for i in range(k1)],
+        # Rows at one position are independent given how many draws reached it; positions of a row are not.
+        strata=np.tile(np.arange(k1), b),
     )
     slots = torch.arange(k1, device=spec.device)
     emitted_tokens = 0

@@ -293,7 +293,7 @@ class SuiteRun:
                 f"{result.summary()}\n"
                 f"A correct implementation fails this check with probability {self.alpha:.2g}.\n"
                 f"replay: {self.replay}",
-                check=result.check.partition(", pooled ")[0],
+                check=result.rule or result.check.partition(", pooled ")[0],
             )
 
 

@@ -116,3 +116,67 @@ class TemperatureOnlyOnDraft(MarkovEngine):
 
 markov = MarkovEngine()
 temperature_only_on_draft = TemperatureOnlyOnDraft()
+
+
+class LazyRows:
+    """A [V, V] logit table whose rows are drawn when read (seeded by the context, float32): a real
+    vocabulary's table (128256^2) would not fit, and a request only ever reads a few rows. The last
+    few rows read are kept (a pass reads its context's row for the draft and again for the target)."""
+
+    KEPT = 64
+
+    def __init__(self, vocab: int, seed: int, scale: float, noise: float = 0.0) -> None:
+        self.shape = (vocab, vocab)
+        self.seed, self.scale, self.noise = seed, scale, noise
+        self.kept: dict[int, torch.Tensor] = {}
+
+    def row(self, context: int) -> torch.Tensor:
+        if context not in self.kept:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + context)
+            logits = self.scale * torch.randn(self.shape[1], generator=generator)
+            if self.noise:
+                logits += self.noise * torch.randn(self.shape[1], generator=generator)
+            if len(self.kept) >= self.KEPT:
+                self.kept.pop(next(iter(self.kept)))
+            self.kept[context] = logits
+        return self.kept[context]
+
+    def __getitem__(self, index):
+        if isinstance(index, torch.Tensor) and index.dim() > 0:
+            return torch.stack([self.row(int(i)) for i in index])
+        return self.row(int(index))
+
+
+class LargeVocabularyMarkov(MarkovEngine):
+    """The exact Markov engine at Llama 3's vocabulary (V = 128256): softmax of Gaussian logits at scale
+    2 after every context, the draft the target plus as much noise again and half (it is accepted about a
+    third of the time, so most first tokens are corrections: the verifier's own sampler draws them)."""
+
+    def __init__(self, *, vocab: int = 128256, k: int = K, seed: int = 0) -> None:
+        self.vocab_size, self.k = vocab, k
+        self.target = LazyRows(vocab, seed, 2.0)
+        self.draft = LazyRows(vocab, seed, 2.0, noise=3.0)
+        self.passes = self.tokens_per_pass = self.draft_lengths = None
+
+
+class Bf16PrefixSumsAtLargeVocabulary(LargeVocabularyMarkov):
+    """The large-vocabulary engine whose verifier draws the correction and the bonus by an inverse CDF
+    over prefix sums stored in bfloat16 (tests/verifiers/buggy_inputs.py): about 1 in 100 of its 128256
+    ids can ever be emitted after a rejection or as a bonus."""
+
+    def verify(self, drafts, draft_logits, target_logits, params, generator):
+        from spectest.implementations.reference import row_uniforms, verify_at
+
+        p, q = process_logits(target_logits, params), process_logits(draft_logits, params)
+        u, v = row_uniforms(params, drafts.shape[1], generator, device=drafts.device, dtype=p.dtype)
+
+        def sample(weights):
+            cdf = weights.float().cumsum(-1).to(torch.bfloat16).float()
+            point = v.float()[:, None] * cdf[:, -1:]
+            return torch.searchsorted(cdf, point, right=True).clamp(max=weights.shape[-1] - 1).squeeze(1)
+
+        return verify_at(drafts, q, p, u, sample)
+
+
+large_vocabulary = LargeVocabularyMarkov()
+bf16_prefix_sums_at_large_vocabulary = Bf16PrefixSumsAtLargeVocabulary()

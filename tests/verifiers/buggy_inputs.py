@@ -35,6 +35,15 @@ def reads_strides_as_contiguous(draft_token_ids, draft_probs, target_probs, *, g
     return reference_verify(ids.clamp(0, p.shape[-1] - 1), q, p, generator=generator)
 
 
+def ignores_storage_offset(draft_token_ids, draft_probs, target_probs, *, generator):
+    """The reference on what a kernel handed the storage's pointer, the sizes and the strides, but not
+    ``storage_offset()``, reads: the right strides from the start of the buffer, so every view that
+    starts inside its buffer (any slice past an engine's first row or position) is read off by its
+    offset. Exact on contiguous inputs and on every view at offset 0."""
+    ids, q, p = (torch.as_strided(t, t.shape, t.stride(), 0) for t in (draft_token_ids, draft_probs, target_probs))
+    return reference_verify(ids.clamp(0, p.shape[-1] - 1), q, p, generator=generator)
+
+
 def residual_via_ratio(draft_token_ids, draft_probs, target_probs, *, generator):
     """The residual as p - q min(1, p/q) over the whole vocabulary: equal to max(p - q, 0), except
     that a token masked in both (p = q = 0: a grammar mask, vocabulary padding) gives 0/0 = NaN,
@@ -99,20 +108,66 @@ def cumsum_in_float16(draft_token_ids, draft_probs, target_probs, *, generator):
     return verify_at(draft_token_ids, q, p, u, sample)
 
 
+def prefix_sums_stored_in(half: torch.dtype):
+    """The reference, but the extra token's inverse CDF searches prefix sums stored in ``half``: the
+    running sum is exact (float32), and each prefix is rounded to the half type before the search, as
+    a sampling kernel with a half-precision CDF buffer does. A token whose rounded prefix equals the
+    one before it can never be drawn, and its mass goes to the next token that can: near a CDF of 1
+    the float16 spacing is 2^-11 and the bfloat16 one 2^-8, so at V = 32000 only about 5,400
+    (float16) or 1,050 (bfloat16) tokens of a flat row can ever be emitted. Exact TV from the target
+    (``python -m tests.verifiers.buggy_inputs``): 0.71 / 0.94 on a flat row, 0.14 / 0.30 on softmax(3 z),
+    0.10 / 0.10 on a row with 0.9 on one token and a tail of 0.1 (float16 / bfloat16). The pooled
+    cells merge hundreds of neighbouring tokens, inside which the lumping moves mass unseen."""
+
+    def verify(draft_token_ids, draft_probs, target_probs, *, generator):
+        batch, k = draft_token_ids.shape
+        q, p = working_precision(draft_probs), working_precision(target_probs)
+        u = torch.rand((batch, k), generator=generator, device=p.device, dtype=p.dtype)
+        v = torch.rand((batch,), generator=generator, device=p.device, dtype=torch.float64)
+
+        def sample(weights):
+            cdf = weights.float().cumsum(-1).to(half).float()
+            point = v.float()[:, None] * cdf[:, -1:]
+            return torch.searchsorted(cdf, point, right=True).clamp(max=weights.shape[-1] - 1).squeeze(1)
+
+        return verify_at(draft_token_ids, q, p, u, sample)
+
+    verify.__name__ = f"prefix_sums_stored_in_{str(half).removeprefix('torch.')}"
+    return verify
+
+
+prefix_sums_stored_in_float16 = prefix_sums_stored_in(torch.float16)
+prefix_sums_stored_in_bfloat16 = prefix_sums_stored_in(torch.bfloat16)
+
+
+def lumped_distribution(p: np.ndarray, half: torch.dtype) -> np.ndarray:
+    """The exact distribution ``prefix_sums_stored_in(half)`` draws from a row ``p`` [..., V]."""
+    cdf = torch.as_tensor(p, dtype=torch.float32).cumsum(-1).to(half).double().numpy()
+    steps = np.diff(cdf, axis=-1, prepend=0.0).clip(min=0.0)
+    return steps / steps.sum(axis=-1, keepdims=True)
+
+
 PER_POSITION = "test_every_row_and_position_is_exact"
+LARGE_VOCABULARY = "test_large_vocabularies_are_exact"
 OUTPUT = (R.PER_POSITION, R.NEVER_IMPOSSIBLE, R.ACCEPTED_ARE_DRAFTS)
 BUGS = {
     # Exact on contiguous inputs: only the property that lays inputs out as engines do sees it.
     "reads_strides_as_contiguous": {PER_POSITION: OUTPUT},
+    # Exact at offset 0: every strided layout starts inside its buffer, and each is an explicit case.
+    "ignores_storage_offset": {PER_POSITION: OUTPUT},
+    # Lumped inside pooled cells: only an identity test that keeps every token its own cell sees it,
+    # on the large-vocabulary property's language-model-like rows.
+    "prefix_sums_stored_in_float16": {LARGE_VOCABULARY: (R.PER_POSITION,)},
+    "prefix_sums_stored_in_bfloat16": {LARGE_VOCABULARY: (R.PER_POSITION,)},
     # Exact until a token is masked on both sides; the per-position property's explicit case masks tails.
     "residual_via_ratio": {PER_POSITION: (*OUTPUT, R.DOES_NOT_RAISE, R.IDS_IN_RANGE)},
     # Exact in float32 and float64: the per-position property's explicit case is bf16 for models that take it.
     "cumsum_in_half_precision": {PER_POSITION: OUTPUT},
-    # Exact in float32 and float64 and at small V: the per-position property's explicit cases reach
-    # each declared half dtype at V = 32000 on a non-flat target.
-    "cumsum_in_float16": {PER_POSITION: OUTPUT},
+    # Exact in float32 and float64 and at small V: the large-vocabulary property reaches each declared
+    # half dtype at V = 32000 and beyond, where the float16 running sum stalls.
+    "cumsum_in_float16": {LARGE_VOCABULARY: OUTPUT},
 }
-ONLY = ("reads_strides_as_contiguous",)
+ONLY = ("reads_strides_as_contiguous", "ignores_storage_offset")
 
 
 class IgnoresDraftCounts:
@@ -171,3 +226,18 @@ class VerifiesPaddingThenCuts:
 verifies_padding_then_cuts = VerifiesPaddingThenCuts()
 BUGS["verifies_padding_then_cuts"] = {RAGGED: (R.PER_POSITION, R.NEVER_IMPOSSIBLE)}
 ONLY += ("verifies_padding_then_cuts",)
+
+
+if __name__ == "__main__":  # the exact TV of the half-precision prefix-sum bugs on the rows their docstring names
+    from spectest.cases.toy_models import target_distributions
+
+    rng = np.random.default_rng(0)
+    rows = {
+        "flat (Dirichlet(1))": rng.dirichlet(np.ones(32000)),
+        "softmax(3 z)": np.exp(3 * rng.standard_normal(32000)),
+        "0.9 on one token, a tail of 0.1": target_distributions(rng, 1, 32000, "peaky")[0],
+    }
+    for name, row in rows.items():
+        row = row / row.sum()
+        tvs = [0.5 * np.abs(lumped_distribution(row, half) - row).sum() for half in (torch.float16, torch.bfloat16)]
+        print(f"V = 32000, {name}: TV {tvs[0]:.3f} (float16), {tvs[1]:.3f} (bfloat16)")
