@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spectest import rules
-from spectest.e2e.cases import EngineCase, draw_requests, engine_cases
+from spectest.e2e.cases import EngineCase, engine_cases
 from spectest.e2e.first_tokens import check_first_tokens
 from spectest.e2e.output import Tally, check_engine_output, require_exact, score
 from spectest.e2e.passes import check_acceptance
@@ -69,7 +69,7 @@ def test_greedy_requests_equal_greedy_decoding(spec_e2e) -> None:
     def body(case: EngineCase) -> None:
         tally = Tally()
         for call in range(GREEDY_CALLS):
-            reqs = draw_requests(case, spec_e2e.engine.vocab_size, call)
+            reqs = spec_e2e.requests(case, call)
             outputs = spec_e2e.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
             require_exact(spec_e2e, reqs, score(spec_e2e, reqs, outputs), tally, case)
 
@@ -85,7 +85,7 @@ def test_same_seed_same_output(spec_e2e) -> None:
     """A batch generated twice with the same seeds gives the same tokens."""
 
     def body(case: EngineCase) -> None:
-        reqs = draw_requests(case, spec_e2e.engine.vocab_size, 0)
+        reqs = spec_e2e.requests(case, 0)
         first = spec_e2e.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
         again = spec_e2e.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
         for row, (a, b) in enumerate(zip(first, again, strict=True)):
@@ -104,8 +104,7 @@ def test_seeded_requests_ignore_the_batch(spec_e2e) -> None:
     (moved to the last row, under another run seed)."""
 
     def body(case: EngineCase) -> None:
-        vocab = spec_e2e.engine.vocab_size
-        reqs, others = draw_requests(case, vocab, 0), draw_requests(case, vocab, 1)
+        reqs, others = spec_e2e.requests(case, 0), spec_e2e.requests(case, 1)
         first = torch.tensor([0])
         params = SamplingParams.cat([reqs.params.take(first), others.params]).clone()
         if int(params.seed[0]) == NO_SEED:

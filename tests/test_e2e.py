@@ -175,6 +175,35 @@ def test_first_tokens_of_one_prompt_see_a_bf16_inverse_cdf_at_a_real_vocabulary(
     assert "first token: token" in outcome.text, outcome.text  # the ids that came out too often, by name
 
 
+def test_an_engine_that_crashes_aborts_or_hangs_in_its_own_process_fails_only_its_own_calls(tmp_path):
+    """Engines run in a child process (spectest.e2e.isolated): a segmentation fault, an abort() and a
+    hang in native code each fail the call they happen in, naming the signal or the limit; the next
+    property starts a fresh child; an isolated exact engine beside them passes; every result is written."""
+    crashing = ENGINES / "crashing.py"
+    names = ["segfaults_on_second_call", "aborts_on_first_call", "hangs_on_first_call", "isolated_markov"]
+    args = [a for name in names for a in ("--spec-engine", f"{crashing}:{name}")]
+    run = run_pytest(
+        [*args, "-n", "2", "--spec-budget", "quick", "--spec-timeout", "1", "-k", "same_seed or greedy"], tmp_path
+    )
+    greedy, output = "test_greedy_requests_equal_greedy_decoding", "test_same_seed_same_output"
+    expected = {
+        "segfaults_on_second_call": (rules.DOES_NOT_RAISE, "killed by signal SIGSEGV"),
+        "aborts_on_first_call": (rules.DOES_NOT_RAISE, "killed by signal SIGABRT"),
+        "hangs_on_first_call": (rules.RETURNS_IN_TIME, "did not return within"),
+    }
+    for name, (rule, text) in expected.items():
+        for prop in (greedy, output):  # each property on a fresh child: the first crash did not end the run
+            outcome = run.results[(f"crashing.py:{name}", prop)]
+            assert outcome.failure == {"kind": "rule", "rule": rule} and text in outcome.text, run.explain(
+                f"crashing.py:{name}", prop
+            )
+    for prop in (greedy, output):
+        assert run.results[("crashing.py:isolated_markov", prop)].outcome == "passed", run.explain(
+            "crashing.py:isolated_markov", prop
+        )
+    assert len(run.document["tests"]) == 8 and not run.document["harness_errors"]
+
+
 def test_engines_alone_run_only_the_end_to_end_properties(tmp_path):
     run = run_pytest(["--spec-engine", MARKOV, "-n", "0", "-k", "greedy_requests"], tmp_path)
     assert {prop for _, prop in run.results} == {"test_greedy_requests_equal_greedy_decoding"}, run.output[-2000:]
@@ -192,8 +221,8 @@ def test_checkpoints_load_from_directories_and_a_bad_one_is_a_usage_error(tmp_pa
     pytest.importorskip("transformers")
     from transformers import GenerationConfig
 
+    from spectest.e2e.engines.transformers_loops import build_pair
     from spectest.e2e.resolve import resolve_engine
-    from spectest.e2e.transformers_engines import build_pair
     from spectest.resolve import ModelSpecError
 
     target, draft = build_pair(vocab=48, seed=5)

@@ -114,7 +114,7 @@ def test_cli_check_and_models(tmp_path):
     )
     lines = listed.stdout.splitlines()
     assert "model\treference\tspectest.implementations.reference:REFERENCE" in lines
-    assert "engine\ttransformers-assisted\tspectest.e2e.transformers_engines:TRANSFORMERS_ASSISTED" in lines
+    assert "engine\ttransformers-assisted\tspectest.e2e.engines.transformers_loops:TRANSFORMERS_ASSISTED" in lines
     checked = subprocess.run(
         [
             sys.executable,

@@ -25,10 +25,18 @@ def plain_processed(logits: np.ndarray, t: float, top_k: int, top_p: float, min_
         out = np.zeros_like(logits, dtype=np.float64)
         out[int(np.argmax(logits))] = 1.0
         return out
-    z = logits.astype(np.float64) / np.float64(np.float32(t))
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
+
+    def softmax(z):
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    tempered = softmax(logits.astype(np.float64) / np.float64(np.float32(t)))
+    probs = softmax(logits.astype(np.float64)) if "temperature" in order else tempered
     for name in order:
+        if name == "temperature":  # what the filters so far kept, now at the request's temperature
+            probs = np.where(probs > 0, tempered, 0.0)
+            probs /= probs.sum()
+            continue
         ranked = sorted(range(len(probs)), key=lambda i: -probs[i])
         keep = set(range(len(probs)))
         if name == "top_k" and 0 < top_k < len(probs):  # the k most likely, and every token tied with the k-th
@@ -50,7 +58,7 @@ def plain_processed(logits: np.ndarray, t: float, top_k: int, top_p: float, min_
 @settings(max_examples=60, deadline=None)
 @given(
     case=sst.logits_cases(batch=st.integers(1, 6), k=st.integers(1, 3), vocab=st.integers(2, 60)),
-    order=st.permutations(("top_k", "top_p", "min_p")),
+    order=st.permutations(("top_k", "top_p", "min_p")) | st.permutations(("top_k", "top_p", "min_p", "temperature")),
 )
 def test_processed_distribution_matches_the_plain_definition(case, order):
     inputs = sst.build_logits(case, order=tuple(order))

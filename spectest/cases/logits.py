@@ -208,10 +208,19 @@ def _row_params(
         return params
     if rng.random() >= 0.2:
         params["temperature"] = float(np.float32(rng.uniform(0.3, 2.0)))
-    probs = _softmax(logits.astype(np.float64) / np.float64(np.float32(params["temperature"])))
-    for index, name in enumerate(order):
+    tempered = _softmax(logits.astype(np.float64) / np.float64(np.float32(params["temperature"])))
+    # Each filter's value is drawn clear of its boundaries on the distribution it acts on: untempered
+    # before "temperature" in the order (llama.cpp, MLX-LM, OpenVINO's top-k), tempered after it.
+    probs = _softmax(logits.astype(np.float64)) if "temperature" in order else tempered
+    filters = [name for name in order if name != "temperature"]
+    for name in order:
+        if name == "temperature":
+            kept = np.where(probs > 0, tempered, 0.0)
+            probs = kept / kept.sum(axis=-1, keepdims=True)
+            continue
+        index = filters.index(name)
         if case.filter_plan == "one each":
-            wanted = row % len(order) == index
+            wanted = row % len(filters) == index
         else:
             wanted = rng.random() < case.filter_share
         if name in supported and wanted:

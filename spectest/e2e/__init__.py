@@ -4,6 +4,5 @@
 (``--spec-engine`` values to engines), :mod:`spectest.e2e.cases` (request batches),
 :mod:`spectest.e2e.targets` (the processed target along the engine's own output: impossible
 tokens, greedy equality, the probability integral transform), :mod:`spectest.e2e.run` (a property
-on an engine), and the registered adapters (:mod:`spectest.e2e.transformers_engines`,
-:mod:`spectest.e2e.vllm_engine`).
+on an engine), and the registered adapters (:mod:`spectest.e2e.engines`).
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from spectest.sampling_params import NO_SEED, SamplingParams
+from spectest.sampling_params import NO_SEED, PARAMETERS, SamplingParams
 
 MIXES = ("mixed", "sampled", "filtered", "greedy")
 
@@ -71,8 +71,9 @@ class Requests:
         return f"request {row} ({self.params.describe_row(row)}), prompt {shown}"
 
 
-def draw_requests(case: EngineCase, vocab: int, call: int) -> Requests:
-    """The ``call``-th batch of requests of ``case`` over a vocabulary of ``vocab`` ids."""
+def draw_requests(case: EngineCase, vocab: int, call: int, supported: tuple[str, ...] = PARAMETERS) -> Requests:
+    """The ``call``-th batch of requests of ``case`` over a vocabulary of ``vocab`` ids; a filter the
+    engine does not take (``supported``: its ``spectest_sampling_params``) is drawn, then left off."""
     rng = np.random.default_rng([case.seed, call])
     n = case.requests
     prompts = [
@@ -98,6 +99,9 @@ def draw_requests(case: EngineCase, vocab: int, call: int) -> Requests:
         both = rng.random(n) < 0.2  # some requests stack two filters
         top_p[both & (which == 0)] = 0.9
     seeds = np.where(rng.random(n) < case.seeded, rng.integers(0, 2**31 - 1, n), NO_SEED)
+    top_k[:] = top_k if "top_k" in supported else 0
+    top_p[:] = top_p if "top_p" in supported else 1.0
+    min_p[:] = min_p if "min_p" in supported else 0.0
     params = SamplingParams.build(
         n,
         temperature=temperature.tolist(),

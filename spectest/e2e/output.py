@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from spectest import rules
-from spectest.e2e.cases import EngineCase, Requests, draw_requests
+from spectest.e2e.cases import EngineCase, Requests
 from spectest.e2e.protocol import DRAFT_LOGITS, TOKEN_WISE
 from spectest.e2e.targets import (
     fragile,
@@ -235,7 +235,6 @@ def check_engine_output(spec: EngineRun, case: EngineCase) -> None:
     """Call after call of ``case`` until every check has its planned draws (or its time); then the verdicts."""
     __tracebackhide__ = True
     started = time.perf_counter()
-    vocab = spec.engine.vocab_size
     n = case.max_new_tokens
     groups = position_group(n - 1) + 1
     sizes = np.bincount([position_group(t) for t in range(n)], minlength=groups)
@@ -263,7 +262,7 @@ def check_engine_output(spec: EngineRun, case: EngineCase) -> None:
             break
         if tally.calls >= MAX_CALLS:
             break
-        reqs = draw_requests(case, vocab, tally.calls)
+        reqs = spec.requests(case, tally.calls)
         outputs = spec.generate(reqs.prompts, reqs.params, n, reqs.seed)
         record = spec.pass_record(len(reqs.prompts))
         scored = score(spec, reqs, outputs)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from spectest import rules
-from spectest.e2e.cases import EngineCase, draw_requests
+from spectest.e2e.cases import EngineCase
 from spectest.e2e.output import MAX_CALLS, MIN_CALLS, PitChecks, draft_rows, score
 from spectest.e2e.targets import fragile
 from spectest.sampling import make_generator
@@ -63,14 +63,13 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
     """Calls of ``case`` until the acceptance-trial check has its planned draws; then its verdict."""
     __tracebackhide__ = True
     started = time.perf_counter()
-    vocab = spec.engine.vocab_size
     uniforms = make_generator(case.seed ^ 0x1B873593, "cpu")
     checks: PitChecks | None = None
     sums = np.zeros(0)
     counts = np.zeros(0)
     calls = tokens = emitted_passes = trial_count = skipped = 0
     while tally_open(checks, calls):
-        reqs = draw_requests(case, vocab, calls)
+        reqs = spec.requests(case, calls)
         outputs = spec.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
         record = spec.pass_record(len(reqs.prompts))
         if record.tokens_per_pass is None or record.draft_lengths is None:

@@ -28,7 +28,8 @@ min_p after temperature, transformers' order), ``spectest_draft_warps`` (how man
 engine applies a request's processing to its draft: transformers applies it twice, so its draft
 samples from softmax(logits / T^2) at temperature T; the harness models the draft's q the same way), ``spectest_masked_tokens`` (ids the engine can only
 keep out of its output by masking them, EOS say: the harness masks them too), and
-``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
+``spectest_sampling_params`` (the parameters it takes, default all four: requests leave the others off),
+and ``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
 
 "No stop on EOS" must come from configuration, not from a processor that masks EOS (a
 minimum-length rule sets its logit to -inf, so the engine samples from a distribution the raw
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spectest import rules
-from spectest.protocol import DEFAULT_ORDER, TIE_BREAKS, ContractViolation, guarded_call, validate_order
+from spectest.protocol import DEFAULT_ORDER, PARAMETERS, TIE_BREAKS, ContractViolation, guarded_call, validate_order
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +75,7 @@ class EngineModel:
     masked_tokens: tuple[int, ...] = ()
     filter_order: tuple[str, ...] = DEFAULT_ORDER  # the order the engine applies top-k, top-p, min-p
     draft_warps: int = 1  # how many times the engine applies a request's processing to its draft
+    sampling_params: tuple[str, ...] = PARAMETERS  # the parameters it takes (vLLM refuses min-p with a draft)
     unavailable: str | None = None
     max_tv: None = None  # engines are held to exactness (lossy mode is the verifier suite's)
 
@@ -152,6 +154,9 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
     warps = declared("spectest_draft_warps") or 1
     if not isinstance(warps, int) or warps < 1:
         raise ValueError(f"{name}: spectest_draft_warps must be an integer >= 1, got {warps!r}")
+    supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
+    if "temperature" not in supported or set(supported) - set(PARAMETERS):
+        raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
     unavailable = getattr(obj, "spectest_unavailable", None)
     return EngineModel(
         name=name,
@@ -162,6 +167,7 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
         masked_tokens=masked,
         filter_order=order,
         draft_warps=warps,
+        sampling_params=supported,
         unavailable=unavailable() if callable(unavailable) else unavailable,
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from spectest.e2e.cases import EngineCase, Requests, draw_requests
 from spectest.e2e.protocol import EngineModel, PassRecord, call_generate, call_logits
 from spectest.sampling_params import SamplingParams
 from spectest.session import SpecSession
@@ -31,6 +32,10 @@ class EngineRun(SuiteRun):
     @property
     def order(self) -> tuple[str, ...]:
         return self.engine.filter_order
+
+    def requests(self, case: EngineCase, call: int) -> Requests:
+        """The ``call``-th batch of ``case``, with only the parameters the engine takes."""
+        return draw_requests(case, self.engine.vocab_size, call, self.engine.sampling_params)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int, seed: int

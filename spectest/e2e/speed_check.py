@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spectest import rules
-from spectest.e2e.cases import EngineCase, draw_requests
+from spectest.e2e.cases import EngineCase
 from spectest.e2e.output import draft_rows, score
 from spectest.e2e.speed import PARTS, EngineRound, EngineSpeed, median_time, time_parts, timed
 from spectest.engine.stats import SignTest
@@ -47,8 +47,7 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
     make_components = getattr(engine, "spectest_components", None)
     if not callable(make_components):
         pytest.skip(f"{spec.engine.name} exposes no spectest_components (one pass's parts to time)")
-    vocab = spec.engine.vocab_size
-    first = draw_requests(case, vocab, 0)
+    first = spec.requests(case, 0)
     prompt, one = first.prompts[:1], first.params.take(torch.tensor([0]))
     components = make_components(prompt[0], one)
     missing = [name for name in PARTS if name not in components]
@@ -65,7 +64,7 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
     acceptance_at: dict[int, list[float]] = {}  # sum_x min(p_t, q_t) by position, over the rounds
     while not test.decided:
         label = len(speed.rounds) if speed else 0
-        reqs = draw_requests(case, vocab, label + 1)
+        reqs = spec.requests(case, label + 1)
         n = case.max_new_tokens
 
         def spec_run(reqs=reqs, n=n):

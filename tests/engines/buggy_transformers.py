@@ -1,6 +1,6 @@
 """Known-buggy engines: transformers' assisted generation patched at exactly one point each.
 
-Each is ``transformers-assisted`` (spectest.e2e.transformers_engines) with one of the loop bugs
+Each is ``transformers-assisted`` (spectest.e2e.engines.transformers_loops) with one of the loop bugs
 found in real engines put back in, for the duration of each request's ``generate``:
 ``pytest --spec-engine tests/engines/buggy_transformers.py:stale_cache``. ``BUGS`` declares the
 properties that must catch each, and the rules or checks that may name it.
@@ -21,7 +21,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from spectest import rules as R
-from spectest.e2e.transformers_engines import TransformersAssisted
+from spectest.e2e.engines.transformers_loops import TransformersAssisted
 
 
 @contextlib.contextmanager

@@ -48,10 +48,18 @@ def _unavailable() -> str | None:
 
 
 def build_pair(
-    *, vocab: int = VOCAB, seed: int = 0, draft_noise: float = 0.0, k: int = K, target_layers: int = 2
+    *,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    draft_noise: float = 0.0,
+    k: int = K,
+    target_layers: int = 2,
+    heads: int = 4,
+    eos_token_id: int | None = None,
 ) -> tuple[Any, Any]:
     """A seeded Llama target of ``target_layers`` layers and a 1-layer draft sharing its first layer,
-    embeddings and head, with ``draft_noise`` times their scale of seeded noise on every draft weight."""
+    embeddings and head, with ``draft_noise`` times their scale of seeded noise on every draft weight;
+    hidden size 64 over ``heads`` heads (2 gives the head size 32 vLLM's CPU attention wants)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     def config(layers: int) -> Any:
@@ -60,11 +68,11 @@ def build_pair(
             hidden_size=64,
             intermediate_size=128,
             num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=4,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
             max_position_embeddings=512,
             bos_token_id=None,
-            eos_token_id=None,
+            eos_token_id=eos_token_id,
             pad_token_id=None,
             tie_word_embeddings=False,
         )

