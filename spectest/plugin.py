@@ -211,7 +211,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept.append(item)
         if marker is not None and subject is not None:
             counts[subject.name] = counts.get(subject.name, 0) + planned_checks(
-                marker.kwargs, session.budget, subject.capabilities
+                marker.kwargs, session.budget, subject.capabilities, lossy=session.max_tv_for(subject) is not None
             )
     session.checks_per_model = counts
     if unrun:

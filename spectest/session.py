@@ -50,10 +50,15 @@ def missing_capabilities(marker_kwargs: Mapping[str, Any], capabilities: Iterabl
     return [c for c in marker_kwargs.get("needs", ()) if c not in have]
 
 
-def planned_checks(marker_kwargs: Mapping[str, Any], budget: Budget, capabilities: Iterable[str] | None = None) -> int:
+def planned_checks(
+    marker_kwargs: Mapping[str, Any], budget: Budget, capabilities: Iterable[str] | None = None, *, lossy: bool = False
+) -> int:
     """Statistical conclusions a property will reach: its declared checks per example, times
-    examples; none for a model (given by its ``capabilities``) that lacks what the property needs."""
+    examples; none for a model (given by its ``capabilities``) that lacks what the property needs,
+    and none for a model in lossy mode on a property that tests exactness only (``exact_only``)."""
     if capabilities is not None and missing_capabilities(marker_kwargs, capabilities):
+        return 0
+    if lossy and marker_kwargs.get("exact_only"):
         return 0
     return int(marker_kwargs.get("checks", 1)) * examples_for(marker_kwargs, budget)
 
