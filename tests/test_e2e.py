@@ -162,6 +162,7 @@ def test_an_engine_that_processes_only_the_draft_fails_by_the_pit(tmp_path):
     assert "replay: pytest --spec-engine" in outcome.text
 
 
+@pytest.mark.slow
 def test_first_tokens_of_one_prompt_see_a_bf16_inverse_cdf_at_a_real_vocabulary(tmp_path):
     """At V = 128256 the first tokens of one prompt, every id its own cell, catch an engine whose
     verifier samples from prefix sums stored in bfloat16; the same engine with an exact verifier passes."""
@@ -183,7 +184,7 @@ def test_an_engine_that_crashes_aborts_or_hangs_in_its_own_process_fails_only_it
     names = ["segfaults_on_second_call", "aborts_on_first_call", "hangs_on_first_call", "isolated_markov"]
     args = [a for name in names for a in ("--spec-engine", f"{crashing}:{name}")]
     run = run_pytest(
-        [*args, "-n", "2", "--spec-budget", "quick", "--spec-timeout", "1", "-k", "same_seed or greedy"], tmp_path
+        [*args, "-n", "0", "--spec-budget", "quick", "--spec-timeout", "1", "-k", "same_seed or greedy"], tmp_path
     )
     greedy, output = "test_greedy_requests_equal_greedy_decoding", "test_same_seed_same_output"
     expected = {
@@ -274,12 +275,15 @@ def _selection(pairs: dict[str, list[str]]) -> str:
     return " or ".join(f"({name} and ({' or '.join(props)}))" for name, props in pairs.items())
 
 
-def test_every_buggy_engine_is_caught_by_the_rule_its_bug_breaks(tmp_path):
+# Bugs a default-budget run needs most of its draws to see (about 40 and 80 s of the harness tier's
+# 160 s on this matrix): the slow tier holds them; README line 2 keeps the ones caught within seconds.
+SUBTLE_ENGINE_BUGS = ("raw_draft_logits_as_q", "target_warped_twice")
+
+
+def assert_buggy_engines_caught(bugs: dict[str, dict[str, tuple[str, ...]]], tmp_path: Path) -> None:
     """Each known-buggy engine (transformers' loop patched at one point) fails every property
     declared to catch it, by one of the declared rules, read from the results file; the harness
     never errs."""
-    pytest.importorskip("transformers")
-    bugs = _declared()
     args = [a for bug in bugs for a in ("--spec-engine", f"{ENGINES / 'buggy_transformers.py'}:{bug}")]
     pairs = {bug: list(props) for bug, props in bugs.items()}
     run = run_pytest([*args, "--spec-no-shrink", "-n", "2", "-k", _selection(pairs)], tmp_path, timeout=1800)
@@ -292,6 +296,24 @@ def test_every_buggy_engine_is_caught_by_the_rule_its_bug_breaks(tmp_path):
             if outcome.outcome != "failed" or failure.get("rule") not in allowed:
                 missed.append(run.explain(f"buggy_transformers.py:{bug}", prop, limit=1500))
     assert not missed, "\n\n".join(missed)
+
+
+def test_every_buggy_engine_is_caught_by_the_rule_its_bug_breaks(tmp_path):
+    """Every known-buggy engine but the subtle ones (the slow tier's), on its declared properties."""
+    pytest.importorskip("transformers")
+    assert_buggy_engines_caught(
+        {bug: props for bug, props in _declared().items() if bug not in SUBTLE_ENGINE_BUGS}, tmp_path
+    )
+
+
+@pytest.mark.slow
+def test_the_subtle_engine_bugs_are_caught_at_the_default_budget(tmp_path):
+    """The engine bugs with the smallest effects (a draft distribution without the request's filters,
+    a target warped twice) fail their declared properties by their declared rules too."""
+    pytest.importorskip("transformers")
+    bugs = _declared()
+    assert set(SUBTLE_ENGINE_BUGS) <= set(bugs)
+    assert_buggy_engines_caught({bug: bugs[bug] for bug in SUBTLE_ENGINE_BUGS}, tmp_path)
 
 
 @pytest.mark.slow
