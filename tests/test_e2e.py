@@ -317,10 +317,10 @@ def test_the_subtle_engine_bugs_are_caught_at_the_default_budget(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_the_transformers_engines_pass_every_end_to_end_property(tmp_path, seed):
     """The unpatched adapters, seed after seed: an exact loop never fails (and never errs). At the
-    quick budget (TV 0.1) to keep CI under 30 minutes: a default-budget run takes about 3 minutes
+    quick budget (TV 0.1) and two seeds to keep CI within its 45 minutes: a default-budget run takes about 3 minutes
     per engine and seed (docs/how-to/end-to-end.md gives those runs)."""
     pytest.importorskip("transformers")
     engines = ["transformers-assisted", "transformers-prompt-lookup"]

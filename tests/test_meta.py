@@ -280,13 +280,15 @@ def test_an_exact_verifier_slow_everywhere_fails_only_under_the_efficiency_gate(
 
 @pytest.mark.slow
 def test_slow_verifiers_pass_every_exactness_property(tmp_path):
+    """The timing subjects are exact: they pass every property but speed and the one at
+    V = 32000-256000 (its half-precision numerics are not what these subjects are for)."""
     slow = [label for label in ONLY if label.startswith("slow.py")] + ["slow.py:full_residual_every_position"]
     args = [a for label in slow for a in ("--spec-model", model_arg(label))]
-    run = run_pytest([*args, *NOT_SPEED, "-n", "2"], tmp_path, timeout=1800)
+    run = run_pytest([*args, *NOT_SPEED, "-n", "2", "-k", f"not {LARGE}"], tmp_path, timeout=1800)
     assert run.returncode == 0 and {o.outcome for o in run.results.values()} <= {"passed", "skipped"}, run.output[
         -3000:
     ]
-    assert len(run.results) == len(NOT_SPEED_PROPERTIES) * len(slow)
+    assert len(run.results) == (len(NOT_SPEED_PROPERTIES) - 1) * len(slow)
 
 
 SEEDS = 2
@@ -298,7 +300,8 @@ def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
     sampler never fails (as_object is the reference behind a method: the fast test covers it)."""
     models = [m for m in dict.fromkeys(CHAIN + LOGITS + BLOCKS) if m != "as_object"]
-    correct_run(models, tmp_path, "--spec-seed", str(seed))
+    # V = 32000-256000 costs 15-40 s a verifier: the first seed holds every correct verifier to it.
+    correct_run(models, tmp_path, "--spec-seed", str(seed), large_vocabularies=seed == 1)
 
 
 @pytest.mark.slow
@@ -307,11 +310,13 @@ def test_tree_references_pass_every_tree_and_chain_property(tmp_path):
     through the chain view (a chain is a width-one tree) at the quick budget: the chain view
     costs about 5x the chain reference, and the default budget's seeds would double the slow tier."""
     correct_run(TREES, tmp_path, "--spec-seed", "1", tree_chain_views=False)
-    pairs = {name: CHAIN_PROPERTIES for name in TREES}
+    # Not the chain view at V = 32000-256000 (about 40 s a tree reference, 2 minutes of a slow tier
+    # that must fit CI's budget): the tree references' large-vocabulary numerics are not held here.
+    pairs = {name: [p for p in CHAIN_PROPERTIES if p != LARGE] for name in TREES}
     args = [a for name in TREES for a in ("--spec-model", name)]
     run = run_pytest([*args, "-n", "2", "--spec-budget", "quick", "-k", selection(pairs)], tmp_path, timeout=1800)
     assert_all_as_expected(run, TREES)
-    assert len(run.results) == len(TREES) * len(CHAIN_PROPERTIES), run.output[-3000:]
+    assert len(run.results) == len(TREES) * (len(CHAIN_PROPERTIES) - 1), run.output[-3000:]
 
 
 LOSSY_PROPERTIES = [
