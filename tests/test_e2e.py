@@ -366,17 +366,17 @@ def test_a_loop_that_throws_accepted_drafts_away_fails_tokens_per_pass(tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.alone
-def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_target_twice(tmp_path):
+def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_target_thrice(tmp_path):
     """With --spec-e2e-speed: the unpatched transformers-assisted passes (its speedup follows the model
-    with its own measured parts), the loop that runs its target twice per pass fails by the agreement
+    with its own measured parts), the loop that runs its target three times per pass fails by the agreement
     rule, and the loop that keeps one token per pass stays exact (the output property passes it; the
     other slow loop only adds an unused target call to transformers-assisted's)."""
     pytest.importorskip("transformers")
     speed, output = "test_engine_speedup_follows_its_model", "test_engine_output_follows_the_target"
-    twice, one = "slow_transformers.py:target_twice_per_pass", "slow_transformers.py:keeps_one_token_per_pass"
-    engines = ["transformers-assisted", f"{SLOW}:target_twice_per_pass", f"{SLOW}:keeps_one_token_per_pass"]
+    thrice, one = "slow_transformers.py:target_thrice_per_pass", "slow_transformers.py:keeps_one_token_per_pass"
+    engines = ["transformers-assisted", f"{SLOW}:target_thrice_per_pass", f"{SLOW}:keeps_one_token_per_pass"]
     selection = _selection(
-        {"transformers-assisted": [speed], "target_twice_per_pass": [speed], "keeps_one_token_per_pass": [output]}
+        {"transformers-assisted": [speed], "target_thrice_per_pass": [speed], "keeps_one_token_per_pass": [output]}
     )
     options = ["--spec-e2e-speed", "-n", "0", "--spec-budget", "quick", "-k", selection]
     run = run_pytest(
@@ -384,10 +384,10 @@ def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_t
         tmp_path,
         timeout=1800,
     )
-    assert set(run.results) == {("transformers-assisted", speed), (twice, speed), (one, output)}, run.output[-3000:]
+    assert set(run.results) == {("transformers-assisted", speed), (thrice, speed), (one, output)}, run.output[-3000:]
     assert run.results[("transformers-assisted", speed)].outcome == "passed", run.explain(
         "transformers-assisted", speed
     )
-    outcome = run.results[(twice, speed)]
-    assert outcome.failure == {"kind": "rule", "rule": rules.E2E_SPEEDUP_AGREES}, run.explain(twice, speed)
+    outcome = run.results[(thrice, speed)]
+    assert outcome.failure == {"kind": "rule", "rule": rules.E2E_SPEEDUP_AGREES}, run.explain(thrice, speed)
     assert run.results[(one, output)].outcome == "passed", run.explain(one, output)

@@ -6,12 +6,13 @@ the speed properties must not:
 * ``keeps_one_token_per_pass``: every pass keeps only its first token (the first accepted draft, or
   the correction) and throws the rest away: exact, because where a pass stops does not depend on the
   tokens it throws away, but one token per pass where its acceptance allows about two;
-* ``target_twice_per_pass``: every pass runs the target a second time over the whole sequence
-  and throws the result away: its passes cost more than its components explain. Its target has 8
-  layers, so the target weighs in a pass as it does in a real pair: with the 2-layer target of
-  ``transformers-assisted`` a target run is a sixth of a pass (transformers drafts with a whole
-  ``generate`` call), the second run costs about 17%, only 7 points past the property's 10%
-  margin, and the sign test over rounds catches it in about 4 runs of 10.
+* ``target_thrice_per_pass``: every pass runs the target twice more over the whole sequence and
+  throws the results away: its passes cost more than its components explain. Its target has 8
+  layers, so the target weighs in a pass as it does in a real pair (with the 2-layer target of
+  ``transformers-assisted`` a target run is a sixth of a pass: transformers drafts with a whole
+  ``generate`` call). One wasted run was not enough: at about 0.62 of the prediction per round
+  (median), the noise of a shared machine's prediction put 4 of 23 rounds past the 10% margin in one
+  CI run, one more than the sign test over rounds may miss; two wasted runs put it near 0.45.
 """
 
 from __future__ import annotations
@@ -50,27 +51,30 @@ class KeepsOneTokenPerPass(Patched):
         return replaced(generation_utils, "_speculative_sampling", first_only)
 
 
-class TargetTwicePerPass(Patched):
+class TargetThricePerPass(Patched):
+    wasted_runs = 2
+
     def patch(self):
         target = self.models[0]
 
-        def twice(original):
+        def wasteful(original):
             def call(candidate_ids, candidate_logits, k, new_logits, **kwargs):
                 with torch.no_grad():
-                    target(input_ids=candidate_ids)  # the whole sequence again, result unused
+                    for _ in range(self.wasted_runs):
+                        target(input_ids=candidate_ids)  # the whole sequence again, result unused
                 return original(candidate_ids, candidate_logits, k, new_logits, **kwargs)
 
             return call
 
-        return replaced(generation_utils, "_speculative_sampling", twice)
+        return replaced(generation_utils, "_speculative_sampling", wasteful)
 
 
 keeps_one_token_per_pass = KeepsOneTokenPerPass()
-target_twice_per_pass = TargetTwicePerPass(target_layers=8)
+target_thrice_per_pass = TargetThricePerPass(target_layers=8)
 
 TOKENS = "test_tokens_per_pass_follow_the_engines_acceptance"
 SPEED = "test_engine_speedup_follows_its_model"
 BUGS = {
     "keeps_one_token_per_pass": {TOKENS: (R.ACCEPTANCE_TRIALS,)},
-    "target_twice_per_pass": {SPEED: (R.E2E_SPEEDUP_AGREES,)},
+    "target_thrice_per_pass": {SPEED: (R.E2E_SPEEDUP_AGREES,)},
 }
