@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
 from spectest.e2e.isolated import IsolatedWithDraft
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED
 
@@ -68,7 +69,7 @@ def export(hf_folder: Path, out: Path) -> None:
         raise RuntimeError(f"optimum-cli export openvino failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
-class OpenVINOEngine:
+class OpenVINOEngine(TeacherForcedLogits):
     """The engine inside the child process."""
 
     def __init__(
@@ -147,12 +148,6 @@ class OpenVINOEngine:
         if self._plain is None:
             self._plain = self._pipeline(draft=False)
         return self._run(self._plain, prompts, params, max_new_tokens, seed, draft=False)
-
-    def target_logits(self, sequences):
-        return self.teacher.logits("target", sequences)
-
-    def draft_logits(self, sequences):
-        return self.teacher.logits("draft", sequences)
 
 
 def build(**options: Any) -> OpenVINOEngine:

@@ -189,6 +189,19 @@ class TeacherForcing:
             return self.models[which](input_ids=ids, attention_mask=mask).logits.float()
 
 
+class TeacherForcedLogits:
+    """The engine protocol's ``target_logits`` / ``draft_logits`` from ``self.teacher``, for an
+    engine whose own API gives no full-vocabulary logits (every CPU engine on this pair)."""
+
+    teacher: TeacherForcing
+
+    def target_logits(self, sequences):
+        return self.teacher.logits("target", sequences)
+
+    def draft_logits(self, sequences):
+        return self.teacher.logits("draft", sequences)
+
+
 def request_seed(params, row: int, seed: int) -> int:
     """A request's own seed, or one derived from the run's seed and its row (as every adapter derives it)."""
     import zlib

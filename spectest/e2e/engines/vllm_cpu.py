@@ -22,6 +22,7 @@ import importlib.util
 import os
 from typing import Any
 
+from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
 from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
 from spectest.e2e.protocol import SEEDED, TOKEN_WISE
 
@@ -42,7 +43,7 @@ def unavailable() -> str | None:
     return None
 
 
-class VLLMEngine:
+class VLLMEngine(TeacherForcedLogits):
     """The engine inside the child process."""
 
     def __init__(self, *, method: str | None = "draft", k: int = K, seed: int = 0) -> None:
@@ -128,12 +129,6 @@ class VLLMEngine:
         if self._plain is None:
             self._plain = self._llm(None)
         return self._run(self._plain, prompts, params, max_new_tokens, seed)
-
-    def target_logits(self, sequences):
-        return self.teacher.logits("target", sequences)
-
-    def draft_logits(self, sequences):
-        return self.teacher.logits("draft", sequences)
 
 
 def build(**options: Any) -> VLLMEngine:
