@@ -49,11 +49,12 @@ def test_first_tokens_of_one_prompt_follow_the_target(spec_e2e) -> None:
     )
 
 
-@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(TOKEN_WISE, DRAFT_LOGITS))
+@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(DRAFT_LOGITS,))
 def test_tokens_per_pass_follow_the_engines_acceptance(spec_e2e) -> None:
     """Every draft the loop verified, against sum_x min(p, q) of the processed target and draft along
     the engine's own contexts: a loop that throws accepted drafts away accepts fewer than its own
-    acceptance allows (see spectest.e2e.passes)."""
+    acceptance allows (see spectest.e2e.passes). An engine that does not declare standard rejection
+    has its acceptance efficiency measured and reported instead (a skip with the figures)."""
     spec_e2e.given(
         engine_cases(mixes=("sampled", "filtered")),
         lambda case: check_acceptance(spec_e2e, case),

@@ -60,6 +60,15 @@ COMMANDS: dict[str, tuple[str, int]] = {
         SETUP,
         0,
     ),
+    "python3 -m venv .venv-native && .venv-native/bin/pip install -c constraints/cpu.txt -e '.[llamacpp,mlx]'": (
+        SETUP,
+        0,
+    ),
+    ".venv-native/bin/pytest --spec-engine llama-cpp-off --spec-engine llama-cpp-draft --spec-engine llama-cpp-prompt-lookup": (
+        SHELL,
+        0,
+    ),
+    ".venv-native/bin/pytest --spec-engine mlx-lm-off --spec-engine mlx-lm-draft": (SHELL, 0),
     ".venv-openvino/bin/pytest --spec-engine openvino-genai-off --spec-engine openvino-genai-draft --spec-engine openvino-genai-confidence": (
         SHELL,
         1,

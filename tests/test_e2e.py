@@ -340,6 +340,53 @@ def test_the_transformers_engines_pass_every_end_to_end_property(tmp_path, seed)
 SLOW = f"{ENGINES / 'slow_transformers.py'}"
 
 
+def test_a_token_match_loop_has_its_acceptance_efficiency_measured_not_judged(tmp_path):
+    """An exact loop that accepts by token match (llama.cpp's and MLX-LM's) and does not declare
+    standard rejection: the tokens-per-pass property skips with its acceptance
+    efficiency, whose interval covers token match's chance over standard rejection's (sum p q over sum
+    min(p, q) at the same contexts) and lies below 1."""
+    engine = f"{ENGINES / 'markov.py'}:token_match"
+    run = run_pytest(
+        [
+            "--spec-engine",
+            engine,
+            "-n",
+            "0",
+            "--spec-seed",
+            "2",
+            "--spec-budget",
+            "quick",
+            "-rs",
+            "-k",
+            "pass or follows",
+        ],
+        tmp_path,
+    )
+    name = "markov.py:token_match"
+    key = (name, "test_tokens_per_pass_follow_the_engines_acceptance")
+    assert run.results[key].outcome == "skipped", run.explain(*key)
+    [figure] = [f for f in run.document["figures"] if f["model"] == name and "acceptance_efficiency" in f]
+    low, high = (bound / figure["acceptance_standard_rejection"] for bound in figure["acceptance_interval"])
+    expected = figure["acceptance_token_match"] / figure["acceptance_standard_rejection"]
+    assert low <= expected <= high and high < 1, run.explain(*key)
+    assert "acceptance efficiency against standard rejection" in run.output
+
+
+def test_mlx_passes_are_read_from_its_from_draft_flags():
+    """MLX-LM yields whether each token came from the draft; a pass drafts min(tokens left, K) and ends at
+    its first target token; the output's last token is reported as a bonus whatever it was (the two
+    endings look alike there), so no trial is chosen by its outcome."""
+    from spectest.e2e.engines.mlx_lm import passes_from_flags
+
+    # passes: [d, d, T] [T] [d, d, d, d, T] [d, d, d (the end)]: K = 4, 12 tokens
+    flags = [True, True, False, False, True, True, True, True, False, True, True]
+    assert passes_from_flags([*flags, True], 4, 12) == ([3, 1, 5, 3], [4, 4, 4, 2])
+    assert passes_from_flags([*flags[:-1], False], 4, 11) == ([3, 1, 5, 2], [4, 4, 4, 1])
+    assert passes_from_flags([False] * 3, 4, 3) == ([1, 1, 1], [3, 2, 0])
+    _, _, accepted = trials(*passes_from_flags([*flags, True], 4, 12))
+    assert accepted.tolist() == [True, True, False, False, True, True, True, True, True, True]
+
+
 def test_a_loop_that_throws_accepted_drafts_away_fails_tokens_per_pass(tmp_path):
     """Exact output, one token per pass where its acceptance allows about two: the acceptance
     trials along its own contexts catch it (read from the results file)."""

@@ -14,6 +14,12 @@ offset in the pass (known before the trial).
 What an engine reports (``tokens_per_pass`` and ``draft_lengths`` per prompt) says which tokens
 were trials and how they ended: in a pass of K drafts emitting L tokens, offsets 0..L-2 were
 accepted drafts, offset L-1 a rejection if L <= K (else the bonus, not a trial).
+
+An engine that does not declare ``standard-rejection`` (one that samples the target and keeps a draft
+while it equals the sample, as llama.cpp and MLX-LM do) is exact but accepts a draft from q with chance
+sum_x p(x) q(x), not sum_x min(p(x), q(x)): for it the same trials measure its **acceptance efficiency**,
+the accepted share of its trials over standard rejection's chance at the same contexts (with token
+match's chance beside it), recorded and reported in the skip, never a failure.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from spectest import rules
 from spectest.e2e.cases import EngineCase
 from spectest.e2e.output import MAX_CALLS, MIN_CALLS, PitChecks, draft_rows, score
+from spectest.e2e.protocol import TOKEN_WISE
 from spectest.e2e.targets import fragile
 from spectest.sampling import make_generator
 
@@ -65,10 +72,11 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
     started = time.perf_counter()
     uniforms = make_generator(case.seed ^ 0x1B873593, "cpu")
     checks: PitChecks | None = None
+    efficiency = Efficiency() if TOKEN_WISE not in spec.engine.capabilities else None
     sums = np.zeros(0)
     counts = np.zeros(0)
     calls = tokens = emitted_passes = trial_count = skipped = 0
-    while tally_open(checks, calls):
+    while efficiency.open(calls) if efficiency else tally_open(checks, calls):
         reqs = spec.requests(case, calls)
         outputs = spec.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
         record = spec.pass_record(len(reqs.prompts))
@@ -76,7 +84,8 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
             pytest.skip(f"{spec.engine.name} does not report tokens_per_pass and draft_lengths after a generate")
         calls += 1
         scored = score(spec, reqs, outputs)
-        acceptance = scored.acceptance(draft_rows(spec, scored)).clamp(0, 1).numpy()
+        q = draft_rows(spec, scored)
+        acceptance = scored.acceptance(q).clamp(0, 1).numpy()
         shaky = fragile(scored.logits, scored.probs, scored.params, spec.order).numpy()
         base = np.concatenate([[0], np.cumsum([len(o) for o in outputs])])
         index, offset, accepted = [], [], []
@@ -99,6 +108,10 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
         index, offset, accepted = index[keep], offset[keep], accepted[keep]
         tokens += len(scored.tokens)
         trial_count += len(index)
+        if efficiency is not None:
+            match = (scored.probs * q).sum(dim=-1).clamp(0, 1).numpy()
+            efficiency.add(accepted, acceptance[index], match[index])
+            continue
         if checks is None:  # groups fixed by the engine's K, seen in the first call (never by an outcome)
             width = max(1, max(max(row, default=0) for row in record.draft_lengths))
             checks = PitChecks(
@@ -114,6 +127,8 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
         np.add.at(counts, offset, 1)
         v = torch.rand(len(index), generator=uniforms, dtype=torch.float64).numpy()
         checks.add(offset, [trial_pit(acceptance[index], accepted, v)])
+    if efficiency is not None:
+        efficiency.report(spec, case, calls, tokens, emitted_passes, skipped)
     by_offset = [float(s / c) if c else 0.0 for s, c in zip(sums, counts, strict=True)]
     spec.record(
         {
@@ -132,6 +147,57 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
     if checks is not None:
         for check in checks.checks:
             spec.conclude(check, context=context, started=started)
+
+
+class Efficiency:
+    """The acceptance efficiency of an engine that does not declare standard rejection: its accepted
+    share of verified drafts over standard rejection's sum min(p, q) (and token match's sum p q) at the
+    same contexts. A measurement (a Clopper-Pearson interval on the accepted share, divided by the
+    mean chance), not a verdict."""
+
+    TRIALS = 400  # enough for an interval about +-0.05 wide on the accepted share
+
+    def __init__(self) -> None:
+        self.accepted = self.trials = 0
+        self.standard = self.match = 0.0
+
+    def open(self, calls: int) -> bool:
+        return calls < MIN_CALLS or (self.trials < self.TRIALS and calls < MAX_CALLS)
+
+    def add(self, accepted: np.ndarray, standard: np.ndarray, match: np.ndarray) -> None:
+        self.accepted += int(accepted.sum())
+        self.trials += len(accepted)
+        self.standard += float(standard.sum())
+        self.match += float(match.sum())
+
+    def report(self, spec: EngineRun, case: EngineCase, calls: int, tokens: int, passes: int, skipped: int) -> None:
+        from scipy.stats import binomtest
+
+        if self.trials == 0:
+            pytest.skip(f"{spec.engine.name} verified no drafts in {calls} calls: no acceptance to measure")
+        share = self.accepted / self.trials
+        low, high = binomtest(self.accepted, self.trials).proportion_ci(0.95)
+        standard, match = self.standard / self.trials, self.match / self.trials
+        figures = {
+            "e2e": case.describe(),
+            "acceptance_measured": share,
+            "acceptance_interval": [low, high],
+            "acceptance_standard_rejection": standard,
+            "acceptance_token_match": match,
+            "acceptance_efficiency": share / standard if standard > 0 else None,
+            "tokens_per_pass_measured": tokens / max(1, passes),
+            "trials": self.trials,
+        }
+        spec.record(figures)
+        efficiency = f"{share / standard:.3f} ({low / standard:.3f} to {high / standard:.3f})" if standard else "n/a"
+        pytest.skip(
+            f"{spec.engine.name} does not declare standard-rejection: not held to sum min(p, q). Its acceptance "
+            f"efficiency against standard rejection: {efficiency}: accepted {self.accepted} of {self.trials} "
+            f"verified drafts ({share:.3f}, 95% interval {low:.3f} to {high:.3f}) where standard rejection "
+            f"accepts {standard:.3f} and token match {match:.3f} on average at the same contexts; "
+            f"{tokens / max(1, passes):.2f} tokens per pass ({case.describe()}, {calls} calls, {skipped} trials at "
+            "a filter's numerical edge left out)"
+        )
 
 
 def tally_open(checks: PitChecks | None, calls: int) -> bool:

@@ -114,8 +114,51 @@ class TemperatureOnlyOnDraft(MarkovEngine):
         return verify_at(drafts, q, p, u, lambda weights: inverse_cdf_blocked(weights, v))
 
 
+class TokenMatchMarkov(MarkovEngine):
+    """Exact, but not standard rejection: the loop llama.cpp and MLX-LM run. Each pass drafts K tokens
+    from the processed draft, then samples the processed target at each drafted position in turn and
+    keeps a draft while it equals the target's sample (a mismatch emits the sample; K matches earn a
+    bonus). Every token is the target's own draw, so the output is exact, but a draft is accepted with
+    chance sum p q, not sum min(p, q): the tokens-per-pass property measures its efficiency."""
+
+    spectest_engine_capabilities = frozenset({"seeded", "batch-invariant"})
+
+    def generate(self, prompts, params, max_new_tokens, seed):
+        outputs, passes, tokens, drafts = [], [], [], []
+        for row, prompt in enumerate(prompts):
+            one = params.take(torch.tensor([row]))
+            generator = make_generator(self.request_seed(params, row, seed))
+
+            def draw(table, context, one=one, generator=generator):
+                q = process_logits(table[context].view(1, 1, -1), one).view(1, -1)
+                return int(sample_categorical(q, generator))
+
+            out, emitted, proposed = list(prompt), [], []
+            while len(out) < len(prompt) + max_new_tokens:
+                k = min(self.k, len(prompt) + max_new_tokens - len(out) - 1)
+                drafted = []
+                for _ in range(k):
+                    drafted.append(draw(self.draft, drafted[-1] if drafted else out[-1]))
+                new = []
+                for token in [*drafted, None]:
+                    sample = draw(self.target, new[-1] if new else out[-1])
+                    new.append(sample)
+                    if sample != token:
+                        break
+                out += new
+                emitted.append(len(new))
+                proposed.append(k)
+            outputs.append(out[len(prompt) :])
+            passes.append(len(emitted))
+            tokens.append(emitted)
+            drafts.append(proposed)
+        self.passes, self.tokens_per_pass, self.draft_lengths = passes, tokens, drafts
+        return outputs
+
+
 markov = MarkovEngine()
 temperature_only_on_draft = TemperatureOnlyOnDraft()
+token_match = TokenMatchMarkov()
 
 
 class LazyRows:
