@@ -54,26 +54,7 @@ class MarkovEngine:
             out, emitted, proposed = list(prompt), [], []
             while len(out) < len(prompt) + max_new_tokens:
                 k = min(self.k, len(prompt) + max_new_tokens - len(out) - 1)
-                if k == 0:  # the last token: one plain step from the processed target
-                    p = process_logits(self.target[out[-1]].view(1, 1, -1), one).view(-1)
-                    out.append(int(sample_categorical(p.unsqueeze(0), generator)))
-                    emitted.append(1)
-                    proposed.append(0)
-                    continue
-                context, draft_rows = out[-1], []
-                drafted = []
-                for _ in range(k):
-                    q = process_logits(self.draft[context].view(1, 1, -1), one).view(-1)
-                    token = int(sample_categorical(q.unsqueeze(0), generator))
-                    draft_rows.append(self.draft[context])
-                    drafted.append(token)
-                    context = token
-                contexts = [out[-1], *drafted]
-                target_rows = self.target[torch.tensor(contexts)].unsqueeze(0)
-                result = self.verify(
-                    torch.tensor([drafted]), torch.stack(draft_rows).unsqueeze(0), target_rows, one, generator
-                )[0]
-                new = [int(x) for x in result if int(x) >= 0]
+                new = self.one_pass(out, k, one, generator)
                 out += new
                 emitted.append(len(new))
                 proposed.append(k)
@@ -83,6 +64,25 @@ class MarkovEngine:
             drafts.append(proposed)
         self.passes, self.tokens_per_pass, self.draft_lengths = passes, tokens, drafts
         return outputs
+
+    def one_pass(self, out: list[int], k: int, one: SamplingParams, generator) -> list[int]:
+        """The tokens one pass after ``out`` emits: ``k`` drafts verified by ``verify`` (k = 0: the
+        last token, one plain step from the processed target)."""
+        if k == 0:
+            p = process_logits(self.target[out[-1]].view(1, 1, -1), one).view(-1)
+            return [int(sample_categorical(p.unsqueeze(0), generator))]
+        context, draft_rows, drafted = out[-1], [], []
+        for _ in range(k):
+            q = process_logits(self.draft[context].view(1, 1, -1), one).view(-1)
+            token = int(sample_categorical(q.unsqueeze(0), generator))
+            draft_rows.append(self.draft[context])
+            drafted.append(token)
+            context = token
+        target_rows = self.target[torch.tensor([out[-1], *drafted])].unsqueeze(0)
+        result = self.verify(
+            torch.tensor([drafted]), torch.stack(draft_rows).unsqueeze(0), target_rows, one, generator
+        )[0]
+        return [int(x) for x in result if int(x) >= 0]
 
     @staticmethod
     def _rows(table: torch.Tensor, sequences) -> torch.Tensor:
@@ -123,37 +123,20 @@ class TokenMatchMarkov(MarkovEngine):
 
     spectest_engine_capabilities = frozenset({"seeded", "batch-invariant"})
 
-    def generate(self, prompts, params, max_new_tokens, seed):
-        outputs, passes, tokens, drafts = [], [], [], []
-        for row, prompt in enumerate(prompts):
-            one = params.take(torch.tensor([row]))
-            generator = make_generator(self.request_seed(params, row, seed))
+    def one_pass(self, out: list[int], k: int, one: SamplingParams, generator) -> list[int]:
+        def draw(table, context):
+            return int(sample_categorical(process_logits(table[context].view(1, 1, -1), one).view(1, -1), generator))
 
-            def draw(table, context, one=one, generator=generator):
-                q = process_logits(table[context].view(1, 1, -1), one).view(1, -1)
-                return int(sample_categorical(q, generator))
-
-            out, emitted, proposed = list(prompt), [], []
-            while len(out) < len(prompt) + max_new_tokens:
-                k = min(self.k, len(prompt) + max_new_tokens - len(out) - 1)
-                drafted = []
-                for _ in range(k):
-                    drafted.append(draw(self.draft, drafted[-1] if drafted else out[-1]))
-                new = []
-                for token in [*drafted, None]:
-                    sample = draw(self.target, new[-1] if new else out[-1])
-                    new.append(sample)
-                    if sample != token:
-                        break
-                out += new
-                emitted.append(len(new))
-                proposed.append(k)
-            outputs.append(out[len(prompt) :])
-            passes.append(len(emitted))
-            tokens.append(emitted)
-            drafts.append(proposed)
-        self.passes, self.tokens_per_pass, self.draft_lengths = passes, tokens, drafts
-        return outputs
+        drafted = []
+        for _ in range(k):
+            drafted.append(draw(self.draft, drafted[-1] if drafted else out[-1]))
+        new = []
+        for token in [*drafted, None]:
+            sample = draw(self.target, new[-1] if new else out[-1])
+            new.append(sample)
+            if sample != token:
+                break
+        return new
 
 
 markov = MarkovEngine()
