@@ -22,7 +22,13 @@ from spectest.simulators.speed import (
     optimal_k,
     speedup,
 )
-from spectest.simulators.text import expected_passes, pass_starts, slot_acceptance, tokens_per_pass_along
+from spectest.simulators.text import (
+    expected_passes,
+    pass_starts,
+    passes_law,
+    slot_acceptance,
+    tokens_per_pass_along,
+)
 
 __all__ = [
     "CostModel",
@@ -36,6 +42,7 @@ __all__ = [
     "operations_factor",
     "optimal_k",
     "pass_starts",
+    "passes_law",
     "slot_acceptance",
     "speedup",
     "tokens_per_pass",

@@ -75,3 +75,18 @@ def slot_acceptance(realized: np.ndarray, k: int) -> np.ndarray:
 def tokens_per_pass_along(realized: np.ndarray, k: int) -> float:
     """Long-run tokens per pass on this text: its length over the expected passes."""
     return realized.size / expected_passes(realized, k)
+
+
+def passes_law(realized: np.ndarray, k: int) -> np.ndarray:
+    """[T + 1]: the exact law of the number of passes that emit the text (index = passes), given its
+    per-token acceptances: the distribution behind :func:`expected_passes`, for a test of a count an
+    engine reports. Passes start inside the text only; the last one may run past its end."""
+    lengths = pass_lengths(realized, k)
+    t = lengths.shape[0]
+    # remaining[s, n]: P(n more passes emit positions s.. of the text); at or past the end, none.
+    remaining = np.zeros((t + k + 2, t + 1))
+    remaining[t:, 0] = 1.0
+    for start in range(t - 1, -1, -1):
+        after = lengths[start] @ remaining[start + 1 : start + k + 2]  # [T + 1]: passes after this one
+        remaining[start, 1:] = after[:-1]
+    return remaining[0]

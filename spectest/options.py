@@ -97,6 +97,13 @@ def seed(text: str) -> int:
     return value
 
 
+def positive_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {text}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -123,7 +130,8 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
     (
         "--spec-target",
         "spec_target",
-        "local checkpoint directory of the target model, for engines that load one (transformers-assisted)",
+        "local checkpoint directory of the target model, for engines that load one (transformers-assisted) and "
+        "to score a server's output ('openai:URL'; there also 'path/to/file.py:attr', an object with target_logits)",
         {"default": None, "metavar": "DIR"},
     ),
     (
@@ -131,6 +139,20 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         "spec_draft",
         "local checkpoint directory of the draft model, with --spec-target",
         {"default": None, "metavar": "DIR"},
+    ),
+    (
+        "--spec-api-key",
+        "spec_api_key",
+        "API key for an 'openai:URL' engine, sent as a bearer token and never printed (default: the "
+        "SPECTEST_API_KEY environment variable)",
+        {"default": None, "metavar": "KEY"},
+    ),
+    (
+        "--spec-concurrency",
+        "spec_concurrency",
+        "requests an 'openai:URL' engine keeps in flight per call: the call's own and unscored crowd requests "
+        "with mixed parameters beside them (default 16)",
+        {"default": None, "metavar": "N"},
     ),
     (
         "--spec-device",

@@ -106,7 +106,14 @@ def _resolve_engines(session: SpecSession) -> list[Any]:
 
     try:
         return [
-            resolve_engine(spec, target=session.target_dir, draft=session.draft_dir) for spec in session.engine_specs
+            resolve_engine(
+                spec,
+                target=session.target_dir,
+                draft=session.draft_dir,
+                api_key=session.api_key,
+                concurrency=session.concurrency,
+            )
+            for spec in session.engine_specs
         ]
     except ModelSpecError as exc:
         raise OptionError(str(exc)) from None

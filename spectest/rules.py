@@ -84,4 +84,5 @@ WITHIN_MAX_TV = "output stays within the declared maximum TV distance of the tar
 
 # End to end, speed: tokens per pass and the engine's measured speedup
 ACCEPTANCE_TRIALS = "acceptance of each draft against sum_x min(p, q) along the engine's contexts, by offset"
+PASS_COUNTS = "the passes an engine counts follow the exact law of standard rejection along its own output"
 E2E_SPEEDUP_AGREES = "the engine's measured speedup is within 10% of the model with its own measured costs"

@@ -84,6 +84,8 @@ class SpecSession:
     engine_specs: list[str] = field(default_factory=list)  # --spec-engine: engines checked end to end
     target_dir: str | None = None  # --spec-target: a local checkpoint for engines that load one
     draft_dir: str | None = None
+    api_key: str | None = None  # --spec-api-key: for a server engine; never printed
+    concurrency: int = 16  # --spec-concurrency: requests a server engine keeps in flight
     max_tv: float | None = None  # --spec-max-tv: lossy mode for every model
     speed_gate: float | None = None  # --spec-speed-gate: the speed property gates on efficiency
     e2e_speed: bool = False  # --spec-e2e-speed: run the end-to-end speed property
@@ -146,6 +148,8 @@ class SpecSession:
             engine_specs=list(value("spec_engine") or []),
             target_dir=value("spec_target"),
             draft_dir=value("spec_draft"),
+            api_key=value("spec_api_key"),
+            concurrency=parse("spec_concurrency", options.positive_count, 16),
             device=check_device(str(value("spec_device") or "cpu")),
             seed=parse("spec_seed", options.seed, seed),
             alpha=parse("spec_alpha", options.probability, DEFAULT_ALPHA),
@@ -207,6 +211,10 @@ class SpecSession:
             parts += ["--spec-speed-gate", repr(self.speed_gate)]
         if self.e2e_speed:
             parts += ["--spec-e2e-speed"]
+        if flag == "--spec-engine" and self.target_dir:
+            parts += ["--spec-target", self.target_dir] + (["--spec-draft", self.draft_dir] if self.draft_dir else [])
+        if flag == "--spec-engine" and self.concurrency != 16:
+            parts += ["--spec-concurrency", str(self.concurrency)]
         parts += ["-k", test_name]
         return shlex.join(parts)
 

@@ -80,6 +80,22 @@ COMMANDS: dict[str, tuple[str, int]] = {
     ".venv-openvino/bin/python tests/engines/repro/openvino_genai_top_k_1.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_top_k_with_draft.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_sampling_with_draft.py": (SHELL, 0),
+    ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_acceptance_with_draft.py": (SHELL, 0),
+    ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_server_first_tokens.py": (SHELL, 0),
+    # docs/how-to/servers.md: a server on a URL (tests/test_real_servers.py starts these in the vLLM tier)
+    "pytest --spec-engine 'openai+vllm:http://127.0.0.1:8000#seeded' --spec-target /path/to/target-checkpoint": (
+        SHELL,
+        0,
+    ),
+    "P=~/.cache/spectest/pair-seed0-recipe1": (SHELL, 0),
+    'OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model $P/target --host 127.0.0.1 --port 8000 --dtype float32 --enforce-eager --max-model-len 512 --speculative-config "{\\"model\\": \\"$P/draft\\", \\"num_speculative_tokens\\": 4, \\"draft_sample_method\\": \\"probabilistic\\"}"': (
+        SHELL,
+        0,
+    ),
+    ".venv-vllm/bin/pytest --spec-engine 'openai+vllm:http://127.0.0.1:8000#seeded' --spec-target ~/.cache/spectest/pair-seed0-recipe1/target": (
+        SHELL,
+        0,
+    ),
     ".venv/bin/pip install -c constraints/cpu.txt -e '.[docs]' && .venv/bin/sphinx-build -W -n docs docs/_build/html": (
         SETUP,
         0,

@@ -84,7 +84,13 @@ def _serve(connection: Any, factory: str, options: dict[str, Any]) -> None:
 
 
 METHODS = ("generate", "plain_generate", "target_logits", "draft_logits")
-REPORTED = ("passes", "tokens_per_pass", "draft_lengths", "counters")  # what an engine reports after a call
+REPORTED = (
+    "passes",
+    "tokens_per_pass",
+    "draft_lengths",
+    "pass_counts",
+    "counters",
+)  # what an engine reports after a call
 
 
 def _methods(engine: Any) -> list[str]:
@@ -99,7 +105,7 @@ class IsolatedEngine:
         self._process: Any = None
         self._connection: Any = None
         self._info: dict[str, Any] | None = None
-        self.passes = self.tokens_per_pass = self.draft_lengths = self.counters = None
+        self.passes = self.tokens_per_pass = self.draft_lengths = self.pass_counts = self.counters = None
 
     # -- the child's life --------------------------------------------------------------------------
     def _start(self) -> dict[str, Any]:

@@ -18,7 +18,11 @@ decoding on::
 Optional, discovered from the object: ``plain_generate`` (same signature, speculative decoding
 off), ``draft_logits(sequences)`` (the draft model's raw logits, same shape), and after a
 ``generate``: ``passes`` (target forward passes per prompt), ``tokens_per_pass`` (per prompt, the
-tokens each pass emitted) and ``draft_lengths`` (per prompt, the drafts each pass proposed).
+tokens each pass emitted) and ``draft_lengths`` (per prompt, the drafts each pass proposed), or,
+for an engine that only counts, ``pass_counts`` (over the call: ``passes``, the target passes that
+verified drafts, and ``draft_tokens``, the drafts they verified; see :mod:`spectest.e2e.pass_counts`)
+with ``spectest_first_token`` ("drafted", the default: the first pass drafts from the prompt; or
+"prefill": the prompt's own pass samples the first token with no drafts and is not counted).
 Declared: ``spectest_engine_capabilities`` ("seeded": the same seed gives the same output;
 "batch-invariant": a seeded request's output does not depend on the rest of the batch;
 "standard-rejection": tokens are verified one by one with min(1, p/q), so the token at each
@@ -61,6 +65,7 @@ ENGINE_CAPABILITIES = (SEEDED, BATCH_INVARIANT, TOKEN_WISE)
 # Discovered from the object's methods.
 PLAIN = "plain-generate"
 DRAFT_LOGITS = "draft-logits"
+FIRST_TOKENS = ("drafted", "prefill")  # where a request's first new token comes from (spectest_first_token)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class EngineModel:
     filter_order: tuple[str, ...] = DEFAULT_ORDER  # the order the engine applies top-k, top-p, min-p
     draft_warps: int = 1  # how many times the engine applies a request's processing to its draft
     sampling_params: tuple[str, ...] = PARAMETERS  # the parameters it takes (vLLM refuses min-p with a draft)
+    first_token: str = "drafted"  # or "prefill": the first new token comes from the prompt's pass, no drafts
     unavailable: str | None = None
     max_tv: None = None  # engines are held to exactness (lossy mode is the verifier suite's)
 
@@ -103,11 +109,13 @@ class EngineModel:
 
 @dataclass(frozen=True)
 class PassRecord:
-    """Per prompt of the last ``generate``: target passes, tokens each pass emitted, drafts each proposed."""
+    """Per prompt of the last ``generate``: target passes, tokens each pass emitted, drafts each proposed;
+    or, over the whole call, what an engine counts (``counts``: passes with drafts and the drafts they verified)."""
 
     passes: list[int] | None
     tokens_per_pass: list[list[int]] | None
     draft_lengths: list[list[int]] | None
+    counts: dict[str, int] | None = None
 
     @classmethod
     def read(cls, engine: EngineModel, prompts: int) -> PassRecord:
@@ -127,7 +135,29 @@ class PassRecord:
                 )
             return rows
 
-        return cls(per_prompt("passes", False), per_prompt("tokens_per_pass", True), per_prompt("draft_lengths", True))
+        return cls(
+            per_prompt("passes", False),
+            per_prompt("tokens_per_pass", True),
+            per_prompt("draft_lengths", True),
+            cls.read_counts(engine),
+        )
+
+    @staticmethod
+    def read_counts(engine: EngineModel) -> dict[str, int] | None:
+        value = getattr(engine.engine, "pass_counts", None)
+        if value is None:
+            return None
+        try:
+            counts = {name: int(value[name]) for name in ("passes", "draft_tokens")}
+        except (TypeError, KeyError, ValueError):
+            raise ContractViolation(
+                engine.name,
+                rules.E2E_PASSES,
+                f"pass_counts is {value!r}, not a mapping with integer passes and draft_tokens",
+            ) from None
+        if min(counts.values()) < 0:
+            raise ContractViolation(engine.name, rules.E2E_PASSES, f"pass_counts {counts} holds a negative count")
+        return counts
 
 
 def build_engine(name: str, source: str, obj: Any, module: Any = None) -> EngineModel:
@@ -157,6 +187,9 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
     supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
     if "temperature" not in supported or set(supported) - set(PARAMETERS):
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
+    first_token = declared("spectest_first_token") or "drafted"
+    if first_token not in FIRST_TOKENS:
+        raise ValueError(f"{name}: spectest_first_token must be one of {FIRST_TOKENS}, got {first_token!r}")
     unavailable = getattr(obj, "spectest_unavailable", None)
     return EngineModel(
         name=name,
@@ -168,6 +201,7 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
         filter_order=order,
         draft_warps=warps,
         sampling_params=supported,
+        first_token=first_token,
         unavailable=unavailable() if callable(unavailable) else unavailable,
     )
 

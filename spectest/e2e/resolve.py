@@ -22,12 +22,28 @@ def registered_engines() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve_engine(spec: str, *, target: str | None = None, draft: str | None = None) -> EngineModel:
+def resolve_engine(
+    spec: str,
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    api_key: str | None = None,
+    concurrency: int = 16,
+) -> EngineModel:
     """The engine ``spec`` names; ``target``/``draft``: local checkpoints for adapters that load
-    models (``--spec-target``, ``--spec-draft``), handed to the object's ``with_checkpoints``."""
+    models (``--spec-target``, ``--spec-draft``), handed to the object's ``with_checkpoints``. A
+    server URL (``openai[+dialect]:URL``) becomes a :class:`ServerEngine` scored with them."""
     spec = spec.strip()
     if not spec:
         raise ModelSpecError(f"{OPTION} got an empty value")
+    from spectest.e2e.engines.openai_server import ServerEngine, is_server_spec
+
+    if is_server_spec(spec):
+        try:
+            server = ServerEngine(spec, target=target, draft=draft, api_key=api_key, concurrency=concurrency)
+            return build_engine(server.name, server.name, server)
+        except (ValueError, OSError, ModelSpecError) as exc:
+            raise ModelSpecError(f"{OPTION} {server_name(spec)!r}: {exc}") from None
     obj, module = load_object(spec, registered_engines(), option=OPTION)
     if target is not None or draft is not None:
         obj = _with_checkpoints(spec, obj, target, draft)
@@ -35,6 +51,13 @@ def resolve_engine(spec: str, *, target: str | None = None, draft: str | None = 
         return build_engine(display_name(spec), spec, obj, module)
     except ValueError as exc:
         raise ModelSpecError(f"{OPTION} {spec!r}: {exc}") from None
+
+
+def server_name(spec: str) -> str:
+    from spectest.e2e.engines.openai_server import redact
+
+    scheme, _, url = spec.partition(":")
+    return f"{scheme}:{redact(url.partition('#')[0])}"
 
 
 def _with_checkpoints(spec: str, obj: Any, target: str | None, draft: str | None) -> Any:

@@ -36,8 +36,12 @@ def expected_tokens_per_pass(spec: EngineRun, reqs, outputs, k: int, by_position
     rows = torch.arange(len(scored.tokens))
     own = scored.probs[rows, scored.tokens]
     realized = (torch.minimum(own, q[rows, scored.tokens]) / own.clamp_min(1e-300)).clamp(0, 1).numpy()
-    passes = sum(expected_passes(realized[scored.request == r], k) for r in range(len(outputs)))
-    return len(scored.tokens) / passes
+    # An engine whose prompt pass samples the first token (``prefill``) counts the passes after it; a
+    # 1-token request's fixed cost holds the prompt's pass.
+    skip = 1 if spec.engine.first_token == "prefill" else 0
+    rows = [realized[scored.request == r][skip:] for r in range(len(outputs))]
+    passes = sum(expected_passes(row, k) for row in rows if row.size)
+    return len(scored.tokens) / max(passes, 1e-12)
 
 
 def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
@@ -83,16 +87,23 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
             costs = {**time_parts(components), **fixed_costs(spec, prompt, one)}
             if "target_step" in costs:  # the loop's own work per iteration, as plain decoding shows it
                 costs["loop"] = max(0.0, costs["plain_step"] - costs["target_step"])
-        if record.tokens_per_pass is None or record.draft_lengths is None:
-            pytest.skip(f"{spec.engine.name} does not report tokens_per_pass and draft_lengths")
-        k = max(max(row, default=0) for row in record.draft_lengths)
+        if record.tokens_per_pass is not None and record.draft_lengths is not None:
+            k = max(max(row, default=0) for row in record.draft_lengths)
+            passes = sum(record.passes or [len(row) for row in record.tokens_per_pass])
+        elif record.counts and record.counts["passes"] and record.counts["draft_tokens"] % record.counts["passes"] == 0:
+            k, passes = record.counts["draft_tokens"] // record.counts["passes"], record.counts["passes"]
+        else:
+            pytest.skip(
+                f"{spec.engine.name} reports neither tokens_per_pass and draft_lengths nor pass_counts with a "
+                f"fixed K (pass_counts: {record.counts})"
+            )
         if speed is None:
             speed = EngineSpeed(k=k)
         result = EngineRound(
             spec_seconds=t_spec,
             plain_seconds=t_plain,
             tokens=sum(len(o) for o in outputs),
-            passes=sum(record.passes or [len(row) for row in record.tokens_per_pass]),
+            passes=passes,
             expected_tokens_per_pass=expected_tokens_per_pass(spec, reqs, outputs, k, acceptance_at),
             costs=costs,
             requests=len(reqs.prompts),

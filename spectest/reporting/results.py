@@ -157,6 +157,31 @@ def _git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def masked_command(argv: list[str]) -> list[str]:
+    """The command line with secrets masked: the value of --spec-api-key, and a server URL's user,
+    password and query (``openai[+dialect]:URL``, alone or as ``--spec-engine=...``)."""
+    from spectest.e2e.resolve import server_name
+
+    def mask(value: str) -> str:
+        scheme, _, rest = value.partition(":")
+        if scheme.startswith("openai") and "://" in rest:
+            declared = value.partition("#")[2]
+            return server_name(value) + (f"#{declared}" if declared else "")
+        return value
+
+    out, hide_next = [], False
+    for arg in argv:
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if hide_next:
+            out.append("***")
+        elif flag == "--spec-api-key":
+            out.append(f"{flag}=***" if eq else arg)
+        else:
+            out.append(f"{flag}={mask(value)}" if eq else mask(arg))
+        hide_next = flag == "--spec-api-key" and not eq and not hide_next
+    return out
+
+
 def environment(*, device: str, seed: int, alpha: float, budget: str, tolerance: float) -> dict[str, Any]:
     info: dict[str, Any] = {
         "packages": {name: _version(name) for name in PACKAGES},
@@ -166,7 +191,7 @@ def environment(*, device: str, seed: int, alpha: float, budget: str, tolerance:
         "device_name": None,
         "cuda": None,
         "git_commit": _git_commit(),
-        "command": list(sys.argv),
+        "command": masked_command(sys.argv),
         "seed": seed,
         "alpha": alpha,
         "budget": budget,

@@ -86,6 +86,17 @@ class HarnessError(RuntimeError):
     """The harness itself is wrong (a property breaks its own declaration), not the implementation."""
 
 
+def plain(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays (also inside lists, tuples and dicts) as Python values."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
 class SuiteRun:
     """One property on one subject (a verifier model or an engine): what it declared (``marker``:
     examples, checks, explicit), the run's configuration, and the verdicts it reaches. The
@@ -224,12 +235,13 @@ class SuiteRun:
             raise ContractViolation(self.model.name, rule, f"{detail}\nreplay: {self.replay}")
 
     def record(self, figures: dict[str, Any]) -> None:
-        """Record figures that are reported, not judged (efficiency, tokens per pass, ...)."""
+        """Record figures that are reported, not judged (efficiency, tokens per pass, ...), as plain
+        Python values: a worker sends them to the controller, which takes no numpy scalars."""
         self.node.user_properties.append(
             (
                 RECORD_KEY,
                 {"kind": "figure", "model": self.model.name, "property": self.test_name, "seed": self.session.seed}
-                | figures,
+                | {name: plain(value) for name, value in figures.items()},
             )
         )
 
@@ -258,9 +270,7 @@ class SuiteRun:
         __tracebackhide__ = True
         self.check_fit(check.result(), context=context, started=started)
 
-    def check_fit(self, result: FitResult, *, context: str, started: float | None = None) -> None:
-        """Record a distribution check and fail if it rejects exactness."""
-        __tracebackhide__ = True
+    def _count_conclusion(self) -> None:
         self.concluded += 1
         if self.concluded > self.declared_checks:
             raise HarnessError(
@@ -268,6 +278,25 @@ class SuiteRun:
                 f"spec_property marker declares checks={self.declared_checks}: the significance split would be "
                 "wrong (every check would get more than its share of --spec-alpha); fix the marker"
             )
+
+    def conclude_exact_law(self, passed: bool, rule: str, detail: str) -> None:
+        """The verdict of a test against an exact law that is not a distribution over cells (a count's
+        two-sided tail, say): counted against the marker's checks like any conclusion, failing as a
+        statistical failure at this run's per-check level."""
+        __tracebackhide__ = True
+        self._count_conclusion()
+        if not passed:
+            raise StatisticalFailure(
+                f"[{self.model.name}] {rule}: rejected ({detail}).\n"
+                f"A correct implementation fails this check with probability {self.alpha:.2g}.\n"
+                f"replay: {self.replay}",
+                check=rule,
+            )
+
+    def check_fit(self, result: FitResult, *, context: str, started: float | None = None) -> None:
+        """Record a distribution check and fail if it rejects exactness."""
+        __tracebackhide__ = True
+        self._count_conclusion()
         record = (
             {"kind": "check"}
             | result.as_record()

@@ -139,9 +139,56 @@ class TokenMatchMarkov(MarkovEngine):
         return new
 
 
+class CountingMarkov(MarkovEngine):
+    """Exact, and reports only what vLLM counts: after each call, ``pass_counts`` (passes that verified
+    drafts and the drafts they verified), nothing per pass. vLLM's schedule: the prompt's own pass samples
+    the first token with no drafts (``spectest_first_token = "prefill"``), every later pass drafts K tokens
+    even near the end (what it emits past ``max_new_tokens`` is cut)."""
+
+    spectest_first_token = "prefill"
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.pass_counts: dict[str, int] | None = None
+
+    def generate(self, prompts, params, max_new_tokens, seed):
+        outputs, passes = [], 0
+        for row, prompt in enumerate(prompts):
+            one = params.take(torch.tensor([row]))
+            one = SamplingParams(**{**one.__dict__, "seed": torch.tensor([NO_SEED])})
+            generator = make_generator(self.request_seed(params, row, seed))
+            out = list(prompt)
+            out += self.one_pass(out, 0, one, generator)
+            while len(out) < len(prompt) + max_new_tokens:
+                out += self.one_pass(out, self.k, one, generator)
+                passes += 1
+            outputs.append(out[len(prompt) : len(prompt) + max_new_tokens])
+        self.pass_counts = {"passes": passes, "draft_tokens": passes * self.k}
+        return outputs
+
+
+class DropsTheBonus(CountingMarkov):
+    """Exact output, wasted passes: when all K drafts are accepted the loop throws the bonus token away
+    and runs the next pass from there (the cut is decided by what came before it, so every emitted token
+    still follows the target). Only the passes it counts show it."""
+
+    def one_pass(self, out, k, one, generator):
+        new = super().one_pass(out, k, one, generator)
+        return new[:k] if k and len(new) == k + 1 else new
+
+
+class CountingTokenMatch(CountingMarkov, TokenMatchMarkov):
+    """The token-match loop (llama.cpp's, MLX-LM's) counting like vLLM: exact, not standard rejection."""
+
+    spectest_engine_capabilities = frozenset({"seeded", "batch-invariant"})
+
+
 markov = MarkovEngine()
 temperature_only_on_draft = TemperatureOnlyOnDraft()
 token_match = TokenMatchMarkov()
+counting = CountingMarkov()
+drops_the_bonus = DropsTheBonus()
+counting_token_match = CountingTokenMatch()
 
 
 class LazyRows:

@@ -13,6 +13,8 @@ config: the control. Teacher forcing runs the checkpoint in transformers.
 Declared as vLLM documents and implements it: temperature first, then min-p, then top-k and top-p
 (``vllm/v1/sample``); ``seeded`` (per-request seeds); ``standard-rejection`` for the draft model
 (``rejection_sample_method`` standard), not for n-gram drafts (their q is a point mass: still exact).
+Tokens per pass come from its counters (``spec_decode_num_drafts`` and ``num_draft_tokens`` over a call, as
+``pass_counts``; :mod:`spectest.e2e.pass_counts`): a request's first token comes from the prompt's pass.
 The engine runs in a child process (:mod:`spectest.e2e.isolated`).
 """
 
@@ -66,6 +68,7 @@ class VLLMEngine(TeacherForcedLogits):
         self._plain: Any = None if config else self.llm
         self.speculative = config is not None
         self.counters: dict[str, int] | None = None
+        self.pass_counts: dict[str, int] | None = None
 
     def _llm(self, speculative_config: dict[str, Any] | None) -> Any:
         from vllm import LLM
@@ -120,6 +123,9 @@ class VLLMEngine(TeacherForcedLogits):
         if before is not None:
             after = self._counts()
             self.counters = {name: after[name] - before.get(name, 0) for name in after}
+            # num_drafts counts the passes that verified drafts (the prompt's pass samples the first token
+            # with none); its accepted-token count includes drafts accepted past max_tokens: not used.
+            self.pass_counts = {"passes": self.counters["drafts"], "draft_tokens": self.counters["draft_tokens"]}
         return [list(output.outputs[0].token_ids) for output in outputs]
 
     def generate(self, prompts, params, max_new_tokens, seed):
@@ -137,6 +143,7 @@ def build(**options: Any) -> VLLMEngine:
 
 class _Declared:
     spectest_filter_order = ORDER
+    spectest_first_token = "prefill"  # V1: the prompt's pass samples the first token, drafts start after it
     # "min_p ... not yet supported with speculative decoding": vLLM refuses the request, and says so.
     spectest_sampling_params = ("temperature", "top_k", "top_p")
 

@@ -1,0 +1,295 @@
+"""A running server, by its URL, as a spectest engine: ``--spec-engine openai+vllm:http://host:port``.
+
+Speaks the OpenAI-compatible completions API (``POST /v1/completions``) with token-id prompts and reads token
+ids back (never text: detokenising and re-tokenising is lossy), through httpx's async client
+(``pip install -e '.[server]'``). One request per prompt, each with its own ``temperature``, ``top_k``,
+``top_p``, ``min_p``, ``seed`` and ``max_tokens``, EOS ignored by configuration (``ignore_eos``).
+
+**Concurrency is part of the test.** A ``generate`` call keeps ``--spec-concurrency`` requests in flight
+(default 16): the call's own, and crowd requests beside them (greedy and sampled, filtered, seeded and
+unseeded, drawn from the call's seed; their outputs are never scored, so none is chosen by its outcome);
+a call of one request goes alone.
+A server that lets one request's parameters or random stream reach another fails the output property;
+``seeded requests ignore the batch`` (declared ``batch-invariant``) compares a request sent alone with
+the same request inside the crowd.
+
+Dialects: ``openai+vllm`` (vLLM's ``return_token_ids``, ``top_k``, ``min_p``, ``ignore_eos``, ``seed``);
+``openai:URL`` detects it from ``GET /v1/models`` (``owned_by``). Others (llama.cpp's server,
+``mlx_lm.server``) are refused by name until an adapter for their token-id fields exists. A server that
+refuses a parameter (an HTTP 400) fails the call with its own words and the request that carried it.
+
+Declarations after ``#``: ``openai+vllm:http://host:port#seeded,batch-invariant,standard-rejection``
+(what the deployment promises; none by default). Scoring never trusts the server: the target's logits
+come from ``--spec-target``, a local checkpoint of the same model (transformers) or ``path.py:attr``, an
+object with ``target_logits`` (and ``vocab_size``); ``--spec-draft`` likewise for the draft's.
+
+Credentials never reach a report: the URL's user and password and its query are masked in the engine's
+name, and the API key comes from ``--spec-api-key`` or ``SPECTEST_API_KEY``, sent as a bearer token only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import numpy as np
+
+from spectest.e2e.protocol import ENGINE_CAPABILITIES
+
+SCHEMES = {"openai": None, "openai+vllm": "vllm"}
+DIALECTS = ("vllm",)
+REFUSED = {"openai+llamacpp": "llama.cpp's server", "openai+mlx": "mlx_lm.server"}
+CONCURRENCY = 16
+TIMEOUT_S = 120.0
+API_KEY_ENV = "SPECTEST_API_KEY"
+
+
+def is_server_spec(spec: str) -> bool:
+    scheme = spec.partition(":")[0]
+    return scheme in SCHEMES or scheme in REFUSED
+
+
+def redact(url: str) -> str:
+    """``url`` with its user, password and query masked: what reports and messages show."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = ("***@" if parts.username or parts.password else "") + host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+
+
+def parse_server_spec(spec: str) -> tuple[str | None, str, frozenset[str]]:
+    """(dialect or None to detect, URL, declared capabilities) of ``openai[+dialect]:URL[#caps]``."""
+    scheme, _, rest = spec.partition(":")
+    if scheme in REFUSED:
+        raise ValueError(
+            f"{REFUSED[scheme]} is not supported yet: its completions return token ids in fields of its own "
+            f"(supported dialects: {', '.join(DIALECTS)})"
+        )
+    url, _, declared = rest.partition("#")
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise ValueError(f"{scheme}: {redact(url)!r} is not an http(s) URL")
+    capabilities = frozenset(c.strip() for c in declared.split(",") if c.strip())
+    unknown = capabilities - set(ENGINE_CAPABILITIES)
+    if unknown:
+        raise ValueError(f"unknown declarations {sorted(unknown)} after '#'; known: {ENGINE_CAPABILITIES}")
+    return SCHEMES[scheme], url, capabilities
+
+
+def load_scorer(location: str, *, which: str) -> Any:
+    """``--spec-target``/``--spec-draft`` for a server: a checkpoint directory (transformers) or
+    ``path.py:attr`` / ``module:attr``, an object with ``target_logits``."""
+    if Path(location).is_dir():
+        if not (Path(location) / "config.json").is_file():
+            raise ValueError(f"{location!r} is not a checkpoint directory (no config.json there)")
+        return CheckpointScorer(location)
+    from spectest.resolve import load_object
+
+    obj, _ = load_object(location, {}, option=f"--spec-{which}")
+    if not callable(getattr(obj, "target_logits", None)):
+        raise ValueError(f"{location!r} has no target_logits method to score with")
+    return obj
+
+
+class CheckpointScorer:
+    """Teacher-forced raw logits of a local transformers checkpoint (float32)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._model: Any = None
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
+        return self._model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def target_logits(self, sequences):
+        import torch
+
+        longest = max(len(s) for s in sequences)
+        ids = torch.zeros((len(sequences), longest), dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(sequences):
+            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+        with torch.no_grad():
+            return self.model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+class ServerError(RuntimeError):
+    """What a server did wrong on one request: the guarded call reports it as the engine's failure."""
+
+
+def crowd_request(rng: np.random.Generator, vocab: int, max_tokens: int) -> dict[str, Any]:
+    """One unscored request beside the call's own: greedy or sampled, maybe filtered, maybe seeded."""
+    body: dict[str, Any] = {
+        "prompt": rng.integers(0, vocab, size=int(rng.integers(1, 9))).tolist(),
+        "max_tokens": int(max_tokens),
+        "temperature": 0.0 if rng.random() < 0.25 else round(float(rng.uniform(0.3, 2.0)), 3),
+    }
+    kind = int(rng.integers(0, 4))
+    if kind == 1:
+        body["top_p"] = round(float(rng.uniform(0.3, 0.95)), 3)
+    elif kind == 2:
+        body["top_k"] = int(rng.integers(1, max(2, vocab // 8)))
+    if rng.random() < 0.5:
+        body["seed"] = int(rng.integers(0, 2**31 - 1))
+    return body
+
+
+class ServerEngine:
+    """An OpenAI-compatible server under test (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: str,
+        *,
+        target: str | None = None,
+        draft: str | None = None,
+        api_key: str | None = None,
+        concurrency: int = CONCURRENCY,
+        timeout: float = TIMEOUT_S,
+    ) -> None:
+        self.spec = spec
+        self.dialect, url, self.spectest_engine_capabilities = parse_server_spec(spec)
+        parts = urlsplit(url)
+        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))  # requests append paths
+        self.query = dict(parse_qsl(parts.query))  # sent with every request, never shown
+        self.name = f"{spec.partition(':')[0]}:{redact(url)}"
+        if concurrency < 1:
+            raise ValueError(f"--spec-concurrency must be >= 1, got {concurrency}")
+        self.concurrency, self.timeout = concurrency, timeout
+        self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.target = load_scorer(target, which="target") if target else None
+        self.draft = load_scorer(draft, which="draft") if draft else None
+        if self.draft is not None:
+            self.draft_logits = lambda sequences: self.draft.target_logits(sequences)
+        self.model_name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<ServerEngine {self.name}>"
+
+    @property
+    def spectest_unavailable(self) -> str | None:
+        if importlib.util.find_spec("httpx") is None:
+            return "httpx is not installed (pip install -e '.[server]')"
+        if self.target is None:
+            return f"{self.name} needs --spec-target: a local checkpoint (or scorer) of the served target to score with"
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.target.vocab_size)
+
+    def target_logits(self, sequences):
+        return self.target.target_logits(sequences)
+
+    def generate(self, prompts, params, max_new_tokens, seed):
+        bodies = [self._body(params, row, list(prompt), max_new_tokens, seed) for row, prompt in enumerate(prompts)]
+        rng = np.random.default_rng([zlib.crc32(b"crowd"), seed & 0xFFFFFFFF, len(prompts)])
+        # A call of one request goes alone (the properties that compare send it so); any other brings a crowd.
+        extra = self.concurrency - len(bodies) if len(bodies) > 1 else 0
+        crowd = [crowd_request(rng, self.vocab_size, max_new_tokens) for _ in range(extra)]
+        return asyncio.run(self._send_all(bodies, crowd))[: len(bodies)]
+
+    def _body(self, params, row: int, prompt: list[int], max_new_tokens: int, seed: int) -> dict[str, Any]:
+        from spectest.e2e.engines.tiny_pair import request_seed
+
+        temperature = float(params.temperature[row])
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": int(max_new_tokens), "temperature": temperature}
+        if temperature > 0:
+            if int(params.top_k[row]) > 0:
+                body["top_k"] = int(params.top_k[row])
+            if float(params.top_p[row]) < 1:
+                body["top_p"] = float(params.top_p[row])
+            if float(params.min_p[row]) > 0:
+                body["min_p"] = float(params.min_p[row])
+        body["seed"] = request_seed(params, row, seed)
+        return body
+
+    async def _send_all(self, bodies: list[dict[str, Any]], crowd: list[dict[str, Any]]) -> list[list[int]]:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        limits = httpx.Limits(max_connections=self.concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout, headers=headers, limits=limits) as client:
+            if self.model_name is None:
+                await self._discover(client)
+            everything = [*bodies, *crowd]
+            labels = [f"request {i}" for i in range(len(bodies))] + [f"crowd request {i}" for i in range(len(crowd))]
+            return await asyncio.gather(
+                *(self._complete(client, b, label) for b, label in zip(everything, labels, strict=True))
+            )
+
+    async def _discover(self, client: Any) -> None:
+        """The served model's name and, for ``openai:URL``, the dialect (vLLM lists itself as owner)."""
+        reply = await self._request(client, "GET", "/v1/models", None, "model list")
+        try:
+            model = reply["data"][0]
+            self.model_name, owner = str(model["id"]), str(model.get("owned_by", ""))
+        except (KeyError, IndexError, TypeError):
+            raise ServerError(f"{self.name}: GET /v1/models returned {str(reply)[:300]}, not a model list") from None
+        if self.dialect is None:
+            if owner != "vllm":
+                raise ServerError(
+                    f"{self.name}: cannot tell its dialect (/v1/models owned_by {owner!r}); name it, e.g. "
+                    f"openai+vllm:{redact(self.url)}"
+                )
+            self.dialect = "vllm"
+
+    async def _complete(self, client: Any, body: dict[str, Any], label: str) -> list[int]:
+        payload = {"model": self.model_name, **body, "ignore_eos": True, "return_token_ids": True}
+        reply = await self._request(client, "POST", "/v1/completions", payload, label, body)
+        try:
+            ids = [int(t) for t in reply["choices"][0]["token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ServerError(
+                f"{self.name}: {label} ({_describe(body)}) came back without token ids: {str(reply)[:300]}"
+            ) from None
+        if len(ids) != body["max_tokens"]:
+            raise ServerError(
+                f"{self.name}: {label} ({_describe(body)}) returned {len(ids)} token ids for max_tokens="
+                f"{body['max_tokens']} with ignore_eos: {ids[:40]}"
+            )
+        return ids
+
+    async def _request(
+        self, client: Any, method: str, path: str, payload: Any, label: str, body: dict[str, Any] | None = None
+    ) -> Any:
+        import httpx
+
+        what = f"{label} ({_describe(body)})" if body else label
+        try:
+            response = await client.request(method, self.url + path, json=payload, params=self.query or None)
+        except httpx.TimeoutException:
+            raise ServerError(f"{self.name}: {what} got no answer within {self.timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            detail = str(exc).replace(self.url, redact(self.url)) or "the connection closed without a reply"
+            raise ServerError(f"{self.name}: {what} failed: {type(exc).__name__}: {detail}") from None
+        if response.status_code != 200:
+            raise ServerError(
+                f"{self.name}: {what} got HTTP {response.status_code} from {method} {path}: {response.text[:500]}"
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise ServerError(f"{self.name}: {what} got malformed JSON from {path}: {response.text[:300]!r}") from None
+
+
+def _describe(body: dict[str, Any] | None) -> str:
+    if not body:
+        return ""
+    shown = {k: v for k, v in body.items() if k != "prompt"}
+    prompt = body.get("prompt", [])
+    return f"{shown}, prompt {prompt if len(prompt) <= 16 else [*prompt[:16], '...']}"

@@ -1,0 +1,148 @@
+"""A small OpenAI-compatible server of our own around the exact Markov engine, for the server tests.
+
+``POST /v1/completions`` and ``GET /v1/models`` in vLLM's dialect (token-id prompts, ``token_ids`` back,
+``top_k``/``min_p``/``seed``/``ignore_eos``), on 127.0.0.1, one thread per connection (the standard
+library's ``ThreadingHTTPServer``). Two flavours:
+
+* ``exact``: each request decodes on its own, with its own parameters and seed (an unseeded request
+  draws its seed from the shim's seeded generator): exact;
+* ``shares_parameters``: the request's sampling parameters live in one slot the handler threads share;
+  a request that arrives while another is being prepared overwrites it, and the earlier one samples
+  with the later one's parameters (the bug class of servers that hand one request's parameters to
+  another under load). Alone, each request is exact; it fails only when requests overlap.
+
+Misbehaving flavours for the client's reliability: ``drops_connections`` (closes every completion's
+connection without a reply), ``refuses_min_p`` (HTTP 400 on a request with min-p), ``malformed_json``,
+``stops_early`` (one token short of ``max_tokens``) and ``hangs`` (never answers): each must give a failing
+verdict naming the server, the request and what came back, never a harness traceback or a hang. ``python tests/engines/http_shim.py
+FLAVOUR PORT`` serves one from the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spectest.sampling_params import SamplingParams
+from tests.engines.markov import MarkovEngine
+
+MODEL = "markov-shim"
+WINDOW_S = 0.05  # how long a request's parameters sit in the shared slot before sampling (shares_parameters)
+
+
+def params_of(bodies: list[dict[str, Any]], seeds: list[int]) -> SamplingParams:
+    return SamplingParams.build(
+        len(bodies),
+        temperature=[float(b.get("temperature", 1.0)) for b in bodies],
+        top_k=[int(b.get("top_k", 0) or 0) if int(b.get("top_k", 0) or 0) > 0 else 0 for b in bodies],
+        top_p=[float(b.get("top_p", 1.0)) for b in bodies],
+        min_p=[float(b.get("min_p", 0.0)) for b in bodies],
+        seed=seeds,
+    )
+
+
+class Shim:
+    """The engine behind the server, and how it takes requests."""
+
+    def __init__(self, flavour: str, seed: int = 0) -> None:
+        self.flavour = flavour
+        self.engine = MarkovEngine()
+        self.rng = np.random.default_rng(seed)
+        self.lock = threading.Lock()
+        self.current: dict[str, Any] = {}
+
+    def seed_for(self, body: dict[str, Any]) -> int:
+        with self.lock:
+            drawn = int(self.rng.integers(0, 2**31 - 1))
+        return int(body["seed"]) if body.get("seed") is not None else drawn
+
+    def complete(self, body: dict[str, Any]) -> list[int]:
+        seed = self.seed_for(body)
+        if self.flavour == "shares_parameters":  # one slot for "the request's parameters", shared by threads
+            with self.lock:
+                self.current = body
+            time.sleep(WINDOW_S)  # the work before sampling, during which a later request overwrites the slot
+            with self.lock:
+                body = {**self.current, "prompt": body["prompt"], "max_tokens": body["max_tokens"]}
+        return self.engine.generate([body["prompt"]], params_of([body], [seed]), int(body["max_tokens"]), 0)[0]
+
+
+def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def reply(self, status: int, payload: Any) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if urlsplit(self.path).path == "/v1/models":
+                self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]})
+            else:
+                self.reply(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if urlsplit(self.path).path != "/v1/completions":
+                return self.reply(404, {"error": f"no route {self.path}"})
+            if shim.flavour == "drops_connections":
+                self.close_connection = True
+                self.connection.close()
+                return None
+            if not isinstance(body.get("prompt"), list):
+                return self.reply(400, {"error": "prompt must be a list of token ids"})
+            if shim.flavour == "refuses_min_p" and body.get("min_p"):
+                return self.reply(400, {"error": "min_p is not supported with speculative decoding"})
+            if shim.flavour == "malformed_json":
+                data = b'{"choices": [{"token_ids": [1, 2'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return None
+            if shim.flavour == "hangs":
+                time.sleep(3600)
+            ids = shim.complete(body)
+            if shim.flavour == "stops_early":
+                ids = ids[:-1]
+            return self.reply(
+                200, {"object": "text_completion", "model": MODEL, "choices": [{"index": 0, "token_ids": ids}]}
+            )
+
+    return Handler
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default 5 resets connections beyond it when many arrive at once
+
+
+def serve(flavour: str, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+    """A running shim on 127.0.0.1 (port 0: a free one) in a daemon thread, and its URL."""
+    server = Server(("127.0.0.1", port), handler(Shim(flavour)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+if __name__ == "__main__":
+    running, url = serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    print(url, flush=True)
+    threading.Event().wait()

