@@ -17,14 +17,15 @@ from spectest.e2e.cases import EngineCase, engine_cases
 from spectest.e2e.first_tokens import check_first_tokens
 from spectest.e2e.output import Tally, check_engine_output, require_exact, score
 from spectest.e2e.passes import check_acceptance
-from spectest.e2e.protocol import BATCH_INVARIANT, DRAFT_LOGITS, PLAIN, SEEDED, TOKEN_WISE
+from spectest.e2e.protocol import BATCH_INVARIANT, DRAFT_LOGITS, PLAIN, SCORED, SEEDED, TOKEN_WISE, TWIN
 from spectest.e2e.speed_check import check_engine_speed
+from spectest.e2e.twin import check_against_twin
 from spectest.sampling_params import NO_SEED, SamplingParams
 
 GREEDY_CALLS = 2
 
 
-@pytest.mark.spec_property(examples=2, explicit=1, checks=6)
+@pytest.mark.spec_property(examples=2, explicit=1, checks=6, needs=(SCORED,))
 def test_engine_output_follows_the_target(spec_e2e) -> None:
     """Every token of greedy, plain and filtered requests against the processed target: exact rules,
     and the PIT by token id, by probability and (for an engine with draft logits) by draft/target
@@ -37,7 +38,7 @@ def test_engine_output_follows_the_target(spec_e2e) -> None:
     )
 
 
-@pytest.mark.spec_property(examples=1, explicit=1, checks=1)
+@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(SCORED,))
 def test_first_tokens_of_one_prompt_follow_the_target(spec_e2e) -> None:
     """One prompt in every request of a call, one set of parameters: the first tokens are independent
     draws from one processed target, tested token by token over the whole vocabulary (every id its own
@@ -49,7 +50,7 @@ def test_first_tokens_of_one_prompt_follow_the_target(spec_e2e) -> None:
     )
 
 
-@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(DRAFT_LOGITS,))
+@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(SCORED, DRAFT_LOGITS))
 def test_tokens_per_pass_follow_the_engines_acceptance(spec_e2e) -> None:
     """Every draft the loop verified, against sum_x min(p, q) of the processed target and draft along
     the engine's own contexts: a loop that throws accepted drafts away accepts fewer than its own
@@ -62,7 +63,7 @@ def test_tokens_per_pass_follow_the_engines_acceptance(spec_e2e) -> None:
     )
 
 
-@pytest.mark.spec_property(examples=3, explicit=1, checks=0)
+@pytest.mark.spec_property(examples=3, explicit=1, checks=0, needs=(SCORED,))
 def test_greedy_requests_equal_greedy_decoding(spec_e2e) -> None:
     """Temperature 0 requests give greedy decoding of the target token for token (exact ties by the
     engine's declared rule, near-ties within 1e-4 skipped and counted)."""
@@ -78,6 +79,18 @@ def test_greedy_requests_equal_greedy_decoding(spec_e2e) -> None:
         engine_cases(mixes=("greedy",), new_tokens=(4, 32)),
         body,
         explicit=[EngineCase(requests=4, max_new_tokens=32, prompt_lengths=(1, 8), mix="greedy", seed=2)],
+    )
+
+
+@pytest.mark.spec_property(examples=1, explicit=1, checks=1, needs=(TWIN,))
+def test_output_follows_a_twin_without_speculation(spec_e2e) -> None:
+    """A server against a twin endpoint of the same model with speculation off (--spec-reference-url):
+    one prompt with one set of parameters in 8 requests of a call, the rest of the call's crowd mixed;
+    the two samples' tokens at each position tested for homogeneity (see spectest.e2e.twin)."""
+    spec_e2e.given(
+        engine_cases(requests=(8, 8), new_tokens=(2, 4), mixes=("sampled",)),
+        lambda case: check_against_twin(spec_e2e, case),
+        explicit=[EngineCase(requests=8, max_new_tokens=4, prompt_lengths=(4, 4), mix="sampled", seed=5)],
     )
 
 
@@ -127,7 +140,7 @@ def test_seeded_requests_ignore_the_batch(spec_e2e) -> None:
 
 
 @pytest.mark.spec_e2e_speed
-@pytest.mark.spec_property(examples=1, checks=1, needs=(PLAIN, DRAFT_LOGITS, TOKEN_WISE))
+@pytest.mark.spec_property(examples=1, checks=1, needs=(SCORED, PLAIN, DRAFT_LOGITS, TOKEN_WISE))
 def test_engine_speedup_follows_its_model(spec_e2e) -> None:
     """Runs when asked (--spec-e2e-speed; timing needs a quiet machine and minutes): the engine's
     speculative and plain decoding of the same requests in rounds, against the tokens-per-pass model

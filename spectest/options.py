@@ -148,6 +148,13 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         {"default": None, "metavar": "KEY"},
     ),
     (
+        "--spec-reference-url",
+        "spec_reference_url",
+        "a twin endpoint of the served target with speculative decoding off, for an 'openai:URL' engine: its "
+        "output is compared with the engine's by a two-sample test (needs no --spec-target)",
+        {"default": None, "metavar": "URL"},
+    ),
+    (
         "--spec-concurrency",
         "spec_concurrency",
         "requests an 'openai:URL' engine keeps in flight per call: the call's own and unscored crowd requests "

@@ -112,6 +112,7 @@ def _resolve_engines(session: SpecSession) -> list[Any]:
                 draft=session.draft_dir,
                 api_key=session.api_key,
                 concurrency=session.concurrency,
+                reference=session.reference_url,
             )
             for spec in session.engine_specs
         ]

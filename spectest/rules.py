@@ -68,6 +68,7 @@ PIT_BY_PROBABILITY_AT_OFFSET = "PIT by decreasing probability, grouped by offset
 PIT_BY_RATIO_AT_POSITION = "PIT by draft/target ratio, grouped by position in the generation"
 PIT_BY_RATIO_AT_OFFSET = "PIT by draft/target ratio, grouped by offset in the speculative pass"
 FIRST_TOKENS = "first tokens of one prompt repeated across a batch follow the processed target"
+TWIN = "the output follows a twin endpoint without speculation, position by position"
 PIT_CHECKS = (
     PIT_BY_ID_AT_POSITION,
     PIT_BY_PROBABILITY_AT_POSITION,

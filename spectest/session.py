@@ -86,6 +86,7 @@ class SpecSession:
     draft_dir: str | None = None
     api_key: str | None = None  # --spec-api-key: for a server engine; never printed
     concurrency: int = 16  # --spec-concurrency: requests a server engine keeps in flight
+    reference_url: str | None = None  # --spec-reference-url: a server engine's twin without speculation
     max_tv: float | None = None  # --spec-max-tv: lossy mode for every model
     speed_gate: float | None = None  # --spec-speed-gate: the speed property gates on efficiency
     e2e_speed: bool = False  # --spec-e2e-speed: run the end-to-end speed property
@@ -150,6 +151,7 @@ class SpecSession:
             draft_dir=value("spec_draft"),
             api_key=value("spec_api_key"),
             concurrency=parse("spec_concurrency", options.positive_count, 16),
+            reference_url=value("spec_reference_url"),
             device=check_device(str(value("spec_device") or "cpu")),
             seed=parse("spec_seed", options.seed, seed),
             alpha=parse("spec_alpha", options.probability, DEFAULT_ALPHA),
@@ -215,6 +217,10 @@ class SpecSession:
             parts += ["--spec-target", self.target_dir] + (["--spec-draft", self.draft_dir] if self.draft_dir else [])
         if flag == "--spec-engine" and self.concurrency != 16:
             parts += ["--spec-concurrency", str(self.concurrency)]
+        if flag == "--spec-engine" and self.reference_url:
+            from spectest.e2e.engines.openai_server import redact
+
+            parts += ["--spec-reference-url", redact(self.reference_url)]
         parts += ["-k", test_name]
         return shlex.join(parts)
 

@@ -96,6 +96,20 @@ COMMANDS: dict[str, tuple[str, int]] = {
         SHELL,
         0,
     ),
+    "pytest --spec-engine 'openai+vllm:http://spec-on:8000#seeded,vocab=32000' --spec-reference-url http://spec-off:8000": (
+        SHELL,
+        0,
+    ),
+    "MLX_DISABLE_COMPILE=1 .venv-native/bin/python -m mlx_lm server --model $P/target --draft-model $P/draft --num-draft-tokens 4 --host 127.0.0.1 --port 8080": (
+        SHELL,
+        0,
+    ),
+    ".venv-native/bin/pytest --spec-engine 'openai+mlx:http://127.0.0.1:8080#seeded' --spec-target ~/.cache/spectest/pair-seed0-recipe1/target": (
+        SHELL,
+        0,
+    ),
+    ".venv-native/bin/python tests/engines/repro/mlx_lm_server_greedy_with_draft.py": (SHELL, 0),
+    ".venv-vllm/bin/python benchmarks/server_throughput.py": (SHELL, 0),
     ".venv/bin/pip install -c constraints/cpu.txt -e '.[docs]' && .venv/bin/sphinx-build -W -n docs docs/_build/html": (
         SETUP,
         0,

@@ -17,18 +17,22 @@ from pathlib import Path
 import pytest
 
 from spectest import rules
-from spectest.e2e.engines.openai_server import ServerEngine, parse_server_spec, redact
+from spectest.e2e.engines.openai_server import PromptText, ServerEngine, ServerError, parse_server_spec, redact
 from spectest.e2e.protocol import build_engine, call_generate
 from spectest.protocol import ContractViolation
 from spectest.resolve import ModelSpecError
 from spectest.sampling_params import SamplingParams
 from tests.engines import http_shim
+from tests.engines.markov import VOCAB
 from tests.runner_helpers import run_pytest
 
 pytest.importorskip("httpx")
 
 SCORER = str(Path(__file__).resolve().parent / "engines" / "markov.py") + ":markov"
+TEXT_SCORER = str(Path(__file__).resolve().parent / "engines" / "http_shim.py") + ":text_scorer"
 OUTPUT, SEEDED = "test_engine_output_follows_the_target", "test_seeded_requests_ignore_the_batch"
+TWIN = "test_output_follows_a_twin_without_speculation"
+QUICK_TOLERANCE = 0.1  # --spec-budget quick
 
 
 @pytest.fixture
@@ -163,3 +167,74 @@ def test_under_load_the_exact_shim_follows_the_target_and_the_sharing_one_does_n
     assert outcome.outcome == "failed" and outcome.failure["kind"] in ("rule", "statistical"), run.explain(
         f"openai+vllm:{buggy}", OUTPUT
     )
+
+
+def test_prompts_for_a_text_server_are_drawn_from_the_ids_that_survive_the_trip_through_text():
+    """The marker id 0 comes before every encoded text and has no text of its own: it is the prefix, and
+    no prompt holds it elsewhere; a prompt outside the alphabet is refused before it is sent, by name."""
+    codec = PromptText(http_shim.LetterTokenizer(), VOCAB)
+    assert codec.prefix == (0,) and codec.tokens == tuple(range(1, VOCAB))
+    assert codec.text([0, 3, 1, 2]) == "cab"
+    for bad in ([0, 0, 3], [3, 1]):
+        with pytest.raises(ServerError, match="does not survive the trip through text"):
+            codec.text(bad)
+    engine = build_engine("mlx", "mlx", ServerEngine("openai+mlx:http://127.0.0.1:1", target=TEXT_SCORER))
+    assert engine.prompt_prefix == (0,) and engine.prompt_tokens == codec.tokens
+    assert engine.filter_order == ("top_p", "min_p", "top_k", "temperature") and engine.masked_tokens == ()
+    without = build_engine("mlx", "mlx", ServerEngine("openai+mlx:http://127.0.0.1:1", target=SCORER))
+    assert "takes text prompts" in without.unavailable
+
+
+@pytest.mark.slow
+def test_a_text_prompt_server_in_mlx_lm_servers_dialect_is_judged_through_its_tokenizer(shim, tmp_path):
+    """``openai+mlx``: prompts go as text, the ids come back from ``logprobs``; the exact text shim passes
+    the output and first-token properties with every prompt drawn from the tokenizer's alphabet."""
+    url = shim("text")
+    run = run_pytest(
+        ["--spec-engine", f"openai+mlx:{url}#seeded", *QUICK[2:], "--spec-target", TEXT_SCORER,
+         "-k", "follows_the_target or first_tokens or same_seed"],
+        tmp_path,
+    )  # fmt: skip
+    name = f"openai+mlx:{url}"
+    for prop in (OUTPUT, "test_first_tokens_of_one_prompt_follow_the_target", "test_same_seed_same_output"):
+        assert run.results[(name, prop)].outcome == "passed", run.explain(name, prop)
+
+
+@pytest.mark.slow
+def test_a_server_judged_against_its_twin_without_speculation_fails_only_if_it_is_not_exact(shim, tmp_path):
+    """No --spec-target: ``--spec-reference-url`` names a twin (the exact shim) and ``vocab=N`` the
+    vocabulary. The scoring properties skip, saying why; the exact shim matches its twin, and the shim that
+    hands one request's parameters to the overlapping ones (the crowd's greedy and filtered requests) does
+    not, by the twin rule, with the TV it saw and the smallest it could detect."""
+    twin, exact, buggy = shim("exact"), shim("exact"), shim("shares_parameters")
+    for name, url, expected in (("exact", exact, "passed"), ("buggy", buggy, "failed")):
+        (tmp_path / name).mkdir()
+        run = run_pytest(
+            ["--spec-engine", f"openai+vllm:{url}#seeded,vocab={VOCAB}", "--spec-reference-url", twin,
+             "--spec-budget", "quick", "--spec-property-seconds", "60", "-n", "0", "-rs", "-k",
+             "twin or follows_the_target"],
+            tmp_path / name,
+        )  # fmt: skip
+        key = (f"openai+vllm:{url}", TWIN)
+        assert run.results[key].outcome == expected, run.explain(*key)
+        assert run.results[(key[0], OUTPUT)].outcome == "skipped" and "scored" in run.results[(key[0], OUTPUT)].text
+        figures = [f for f in run.document["figures"] if f.get("check") == rules.TWIN]
+        assert figures and all(f["detectable_tv"] <= QUICK_TOLERANCE or f["time_limited"] for f in figures), figures
+        if expected == "failed":
+            assert run.results[key].failure == {"kind": "statistical", "rule": rules.TWIN}, run.explain(*key)
+            assert any(not f["passed"] and f["tv_at_worst_position"] > f["detectable_tv"] for f in figures), figures
+        else:
+            assert all(f["passed"] for f in figures), figures
+
+
+def test_twin_mode_usage_errors_name_what_is_missing():
+    from spectest.e2e.resolve import resolve_engine
+
+    engine = resolve_engine("openai+vllm:http://127.0.0.1:1", reference="http://127.0.0.1:2")
+    assert "vocab=N" in engine.unavailable
+    engine = resolve_engine("openai+vllm:http://127.0.0.1:1#vocab=48", reference="http://127.0.0.1:2")
+    assert engine.unavailable is None and engine.vocab_size == 48 and "scored" not in engine.capabilities
+    with pytest.raises(ModelSpecError, match="vocab= wants"):
+        resolve_engine("openai+vllm:http://127.0.0.1:1#vocab=x", reference="http://127.0.0.1:2")
+    with pytest.raises(ModelSpecError, match="applies to server engines"):
+        resolve_engine(SCORER, reference="http://127.0.0.1:2")

@@ -71,13 +71,32 @@ class Requests:
         return f"request {row} ({self.params.describe_row(row)}), prompt {shown}"
 
 
-def draw_requests(case: EngineCase, vocab: int, call: int, supported: tuple[str, ...] = PARAMETERS) -> Requests:
+def draw_prompt(
+    rng: np.random.Generator, size: int, vocab: int, tokens: tuple[int, ...] = (), prefix: tuple[int, ...] = ()
+) -> list[int]:
+    """``size`` ids drawn uniformly from the vocabulary (or from ``tokens``, the ids an engine's prompts may
+    hold), after ``prefix``."""
+    if not tokens:
+        return [*prefix, *rng.integers(0, vocab, size=size).tolist()]
+    return [*prefix, *np.asarray(tokens)[rng.integers(0, len(tokens), size=size)].tolist()]
+
+
+def draw_requests(
+    case: EngineCase,
+    vocab: int,
+    call: int,
+    supported: tuple[str, ...] = PARAMETERS,
+    *,
+    tokens: tuple[int, ...] = (),
+    prefix: tuple[int, ...] = (),
+) -> Requests:
     """The ``call``-th batch of requests of ``case`` over a vocabulary of ``vocab`` ids; a filter the
-    engine does not take (``supported``: its ``spectest_sampling_params``) is drawn, then left off."""
+    engine does not take (``supported``: its ``spectest_sampling_params``) is drawn, then left off;
+    prompts hold only ``tokens`` (if named) after ``prefix``."""
     rng = np.random.default_rng([case.seed, call])
     n = case.requests
     prompts = [
-        rng.integers(0, vocab, size=int(rng.integers(case.prompt_lengths[0], case.prompt_lengths[1] + 1))).tolist()
+        draw_prompt(rng, int(rng.integers(case.prompt_lengths[0], case.prompt_lengths[1] + 1)), vocab, tokens, prefix)
         for _ in range(n)
     ]
     temperature = np.round(rng.uniform(0.4, 1.5, n), 3)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from spectest import rules
-from spectest.e2e.cases import EngineCase
+from spectest.e2e.cases import EngineCase, draw_prompt
 from spectest.e2e.targets import mask_tokens
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
@@ -30,11 +30,13 @@ MAX_CALLS = 64  # the plan's cap: a flat target over 128k ids would ask for far 
 FIRST_LOOK = 4
 
 
-def one_prompt(case: EngineCase, vocab: int) -> tuple[list[int], SamplingParams]:
-    """The case's prompt, and its requests' shared parameters (temperature only, no filter, no own seed:
-    each request draws from the run seed as the engine derives it)."""
+def one_prompt(
+    case: EngineCase, vocab: int, tokens: tuple[int, ...] = (), prefix: tuple[int, ...] = ()
+) -> tuple[list[int], SamplingParams]:
+    """The case's prompt (of the ids the engine's prompts may hold), and its requests' shared parameters
+    (temperature only, no filter, no own seed: each request draws from the run seed as the engine derives it)."""
     rng = np.random.default_rng([case.seed, 7])
-    prompt = rng.integers(0, vocab, size=case.prompt_lengths[0]).tolist()
+    prompt = draw_prompt(rng, case.prompt_lengths[0], vocab, tokens, prefix)
     n = case.requests
     temperature = float(np.round(rng.uniform(0.7, 1.3), 3))
     params = SamplingParams.build(
@@ -49,7 +51,7 @@ def check_first_tokens(spec: EngineRun, case: EngineCase) -> None:
     __tracebackhide__ = True
     started = time.perf_counter()
     vocab = spec.engine.vocab_size
-    prompt, params = one_prompt(case, vocab)
+    prompt, params = one_prompt(case, vocab, spec.engine.prompt_tokens, spec.engine.prompt_prefix)
     logits = mask_tokens(spec.target_logits([prompt])[0, len(prompt) - 1].unsqueeze(0), spec.engine.masked_tokens)
     target = process_logits(logits.unsqueeze(1), params.take(torch.tensor([0])), order=spec.order).view(1, -1)
     probs = target.double().numpy()

@@ -33,7 +33,9 @@ engine applies a request's processing to its draft: transformers applies it twic
 samples from softmax(logits / T^2) at temperature T; the harness models the draft's q the same way), ``spectest_masked_tokens`` (ids the engine can only
 keep out of its output by masking them, EOS say: the harness masks them too), and
 ``spectest_sampling_params`` (the parameters it takes, default all four: requests leave the others off),
-and ``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
+``spectest_prompt_tokens`` and ``spectest_prompt_prefix`` (for an engine whose prompts travel as text:
+the ids whose text encodes back to themselves, which prompts are drawn from, and the ids its encoder
+puts before every prompt, which every prompt then starts with), and ``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
 
 "No stop on EOS" must come from configuration, not from a processor that masks EOS (a
 minimum-length rule sets its logit to -inf, so the engine samples from a distribution the raw
@@ -65,6 +67,8 @@ ENGINE_CAPABILITIES = (SEEDED, BATCH_INVARIANT, TOKEN_WISE)
 # Discovered from the object's methods.
 PLAIN = "plain-generate"
 DRAFT_LOGITS = "draft-logits"
+SCORED = "scored"  # its target can be scored: every engine but a server judged against a twin alone
+TWIN = "twin"  # a twin without speculation to compare with (a server with --spec-reference-url)
 FIRST_TOKENS = ("drafted", "prefill")  # where a request's first new token comes from (spectest_first_token)
 
 
@@ -82,6 +86,8 @@ class EngineModel:
     draft_warps: int = 1  # how many times the engine applies a request's processing to its draft
     sampling_params: tuple[str, ...] = PARAMETERS  # the parameters it takes (vLLM refuses min-p with a draft)
     first_token: str = "drafted"  # or "prefill": the first new token comes from the prompt's pass, no drafts
+    prompt_tokens: tuple[int, ...] = ()  # the ids prompts may hold (none named: any); text-prompt servers name theirs
+    prompt_prefix: tuple[int, ...] = ()  # ids every prompt starts with (what a text encoder always prepends)
     unavailable: str | None = None
     max_tv: None = None  # engines are held to exactness (lossy mode is the verifier suite's)
 
@@ -176,6 +182,8 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
         raise ValueError(f"{name}: unknown engine capabilities {sorted(unknown)}; known: {ENGINE_CAPABILITIES}")
     capabilities |= {PLAIN} if callable(getattr(obj, "plain_generate", None)) else set()
     capabilities |= {DRAFT_LOGITS} if callable(getattr(obj, "draft_logits", None)) else set()
+    capabilities |= set() if getattr(obj, "spectest_unscored", None) else {SCORED}
+    capabilities |= {TWIN} if getattr(obj, "twin", None) is not None else set()
     tie_break = declared("spectest_tie_break") or "lowest-id"
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"{name}: spectest_tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
@@ -190,6 +198,8 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
     first_token = declared("spectest_first_token") or "drafted"
     if first_token not in FIRST_TOKENS:
         raise ValueError(f"{name}: spectest_first_token must be one of {FIRST_TOKENS}, got {first_token!r}")
+    prompt_tokens = tuple(int(i) for i in declared("spectest_prompt_tokens") or ())
+    prompt_prefix = tuple(int(i) for i in declared("spectest_prompt_prefix") or ())
     unavailable = getattr(obj, "spectest_unavailable", None)
     return EngineModel(
         name=name,
@@ -202,6 +212,8 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
         draft_warps=warps,
         sampling_params=supported,
         first_token=first_token,
+        prompt_tokens=prompt_tokens,
+        prompt_prefix=prompt_prefix,
         unavailable=unavailable() if callable(unavailable) else unavailable,
     )
 

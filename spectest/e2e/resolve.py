@@ -29,10 +29,12 @@ def resolve_engine(
     draft: str | None = None,
     api_key: str | None = None,
     concurrency: int = 16,
+    reference: str | None = None,
 ) -> EngineModel:
     """The engine ``spec`` names; ``target``/``draft``: local checkpoints for adapters that load
     models (``--spec-target``, ``--spec-draft``), handed to the object's ``with_checkpoints``. A
-    server URL (``openai[+dialect]:URL``) becomes a :class:`ServerEngine` scored with them."""
+    server URL (``openai[+dialect]:URL``) becomes a :class:`ServerEngine` scored with them, and compared
+    with ``reference`` (``--spec-reference-url``), its twin without speculation, if given."""
     spec = spec.strip()
     if not spec:
         raise ModelSpecError(f"{OPTION} got an empty value")
@@ -40,10 +42,14 @@ def resolve_engine(
 
     if is_server_spec(spec):
         try:
-            server = ServerEngine(spec, target=target, draft=draft, api_key=api_key, concurrency=concurrency)
+            server = ServerEngine(
+                spec, target=target, draft=draft, api_key=api_key, concurrency=concurrency, reference=reference
+            )
             return build_engine(server.name, server.name, server)
         except (ValueError, OSError, ModelSpecError) as exc:
             raise ModelSpecError(f"{OPTION} {server_name(spec)!r}: {exc}") from None
+    if reference is not None:
+        raise ModelSpecError(f"--spec-reference-url applies to server engines (openai:URL), not to {spec!r}")
     obj, module = load_object(spec, registered_engines(), option=OPTION)
     if target is not None or draft is not None:
         obj = _with_checkpoints(spec, obj, target, draft)

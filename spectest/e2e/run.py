@@ -35,7 +35,15 @@ class EngineRun(SuiteRun):
 
     def requests(self, case: EngineCase, call: int) -> Requests:
         """The ``call``-th batch of ``case``, with only the parameters the engine takes."""
-        return draw_requests(case, self.engine.vocab_size, call, self.engine.sampling_params)
+        engine = self.engine
+        return draw_requests(
+            case,
+            engine.vocab_size,
+            call,
+            engine.sampling_params,
+            tokens=engine.prompt_tokens,
+            prefix=engine.prompt_prefix,
+        )
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, max_new_tokens: int, seed: int

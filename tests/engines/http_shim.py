@@ -11,6 +11,11 @@ library's ``ThreadingHTTPServer``). Two flavours:
   with the later one's parameters (the bug class of servers that hand one request's parameters to
   another under load). Alone, each request is exact; it fails only when requests overlap.
 
+* ``text``: ``mlx_lm.server``'s dialect: a text ``prompt``, encoded by :class:`LetterTokenizer` (which puts a
+  word marker, id 0, before every text), and the ids back in ``logprobs.content``; exact, sampling the
+  Markov target step by step in MLX-LM's order (top-p, min-p, top-k, then temperature). Scored by
+  ``text_scorer`` (the Markov target with the same tokenizer), as ``--spec-target`` would be the checkpoint.
+
 Misbehaving flavours for the client's reliability: ``drops_connections`` (closes every completion's
 connection without a reply), ``refuses_min_p`` (HTTP 400 on a request with min-p), ``malformed_json``,
 ``stops_early`` (one token short of ``max_tokens``) and ``hangs`` (never answers): each must give a failing
@@ -33,10 +38,34 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spectest.sampling_params import SamplingParams
+from spectest.sampling import make_generator, sample_categorical
+from spectest.sampling_params import SamplingParams, process_logits
 from tests.engines.markov import MarkovEngine
 
 MODEL = "markov-shim"
+LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"  # ids 1-47; id 0 is the word marker
+
+
+class LetterTokenizer:
+    """One letter per id, and a marker (id 0, no text of its own) before every encoded text: like a
+    SentencePiece tokenizer, not every id survives decoding and encoding again."""
+
+    eos_token_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return [0, *(LETTERS.index(c) + 1 for c in text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(LETTERS[i - 1] for i in ids if i != 0)
+
+
+class TextScorer(MarkovEngine):
+    """The Markov target with the text shim's tokenizer: what ``--spec-target`` gives for a text server."""
+
+    tokenizer = LetterTokenizer()
+
+
+text_scorer = TextScorer()
 WINDOW_S = 0.05  # how long a request's parameters sit in the shared slot before sampling (shares_parameters)
 
 
@@ -68,6 +97,8 @@ class Shim:
 
     def complete(self, body: dict[str, Any]) -> list[int]:
         seed = self.seed_for(body)
+        if self.flavour == "text":
+            return self.sample_in_mlx_order(body, seed)
         if self.flavour == "shares_parameters":  # one slot for "the request's parameters", shared by threads
             with self.lock:
                 self.current = body
@@ -75,6 +106,16 @@ class Shim:
             with self.lock:
                 body = {**self.current, "prompt": body["prompt"], "max_tokens": body["max_tokens"]}
         return self.engine.generate([body["prompt"]], params_of([body], [seed]), int(body["max_tokens"]), 0)[0]
+
+    def sample_in_mlx_order(self, body: dict[str, Any], seed: int) -> list[int]:
+        from spectest.e2e.engines.openai_server import MLX_ORDER
+
+        params, generator = params_of([body], [seed]), make_generator(seed)
+        out = list(body["prompt"])
+        for _ in range(int(body["max_tokens"])):
+            p = process_logits(self.engine.target[out[-1]].view(1, 1, -1), params, order=MLX_ORDER).view(1, -1)
+            out.append(int(sample_categorical(p, generator)))
+        return out[len(body["prompt"]) :]
 
 
 def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
@@ -107,6 +148,12 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 self.connection.close()
                 return None
+            if shim.flavour == "text":
+                if not isinstance(body.get("prompt"), str):
+                    return self.reply(400, {"error": "prompt must be text"})
+                ids = shim.complete({**body, "prompt": LetterTokenizer().encode(body["prompt"])})
+                content = [{"id": i, "logprob": 0.0} for i in ids]
+                return self.reply(200, {"choices": [{"index": 0, "logprobs": {"content": content}}]})
             if not isinstance(body.get("prompt"), list):
                 return self.reply(400, {"error": "prompt must be a list of token ids"})
             if shim.flavour == "refuses_min_p" and body.get("min_p"):

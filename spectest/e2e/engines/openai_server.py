@@ -14,14 +14,22 @@ A server that lets one request's parameters or random stream reach another fails
 the same request inside the crowd.
 
 Dialects: ``openai+vllm`` (vLLM's ``return_token_ids``, ``top_k``, ``min_p``, ``ignore_eos``, ``seed``);
-``openai:URL`` detects it from ``GET /v1/models`` (``owned_by``). Others (llama.cpp's server,
-``mlx_lm.server``) are refused by name until an adapter for their token-id fields exists. A server that
-refuses a parameter (an HTTP 400) fails the call with its own words and the request that carried it.
+``openai:URL`` detects it from ``GET /v1/models`` (``owned_by``). ``openai+mlx`` (``mlx_lm.server``) takes
+prompts as text only and stops on EOS: prompts are drawn from the ids whose text the served tokenizer (the
+one in ``--spec-target``'s folder) encodes back to themselves, after the ids it puts before every prompt
+(declared as ``spectest_prompt_tokens`` and ``spectest_prompt_prefix``; every prompt's round trip is
+checked before it is sent), EOS is kept out by ``logit_bias`` and declared masked, the ids come back from
+``logprobs``, and its sampling order (top-p, min-p, top-k, then temperature) is declared. llama.cpp's
+server is refused by name until an adapter for its fields exists. A server that refuses a parameter (an
+HTTP 400) fails the call with its own words and the request that carried it.
 
 Declarations after ``#``: ``openai+vllm:http://host:port#seeded,batch-invariant,standard-rejection``
 (what the deployment promises; none by default). Scoring never trusts the server: the target's logits
 come from ``--spec-target``, a local checkpoint of the same model (transformers) or ``path.py:attr``, an
-object with ``target_logits`` (and ``vocab_size``); ``--spec-draft`` likewise for the draft's.
+object with ``target_logits`` (and ``vocab_size``); ``--spec-draft`` likewise for the draft's. Where
+neither exists, ``--spec-reference-url`` names a twin endpoint of the same model with speculation off
+(same dialect): the output is compared with the twin's by a two-sample test (:mod:`spectest.e2e.twin`),
+the scoring properties skip, and ``vocab=N`` after ``#`` gives the vocabulary prompts are drawn from.
 
 Credentials never reach a report: the URL's user and password and its query are masked in the engine's
 name, and the API key comes from ``--spec-api-key`` or ``SPECTEST_API_KEY``, sent as a bearer token only.
@@ -33,6 +41,7 @@ import asyncio
 import importlib.util
 import os
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -41,9 +50,11 @@ import numpy as np
 
 from spectest.e2e.protocol import ENGINE_CAPABILITIES
 
-SCHEMES = {"openai": None, "openai+vllm": "vllm"}
-DIALECTS = ("vllm",)
-REFUSED = {"openai+llamacpp": "llama.cpp's server", "openai+mlx": "mlx_lm.server"}
+SCHEMES = {"openai": None, "openai+vllm": "vllm", "openai+mlx": "mlx"}
+DIALECTS = ("vllm", "mlx")
+REFUSED = {"openai+llamacpp": "llama.cpp's server"}
+MLX_ORDER = ("top_p", "min_p", "top_k", "temperature")  # mlx_lm/sample_utils.py: filters on untempered log-probs
+MASKED_BIAS = -1e9  # a logit bias that leaves a masked id probability exactly 0 in float32
 CONCURRENCY = 16
 TIMEOUT_S = 120.0
 API_KEY_ENV = "SPECTEST_API_KEY"
@@ -73,11 +84,24 @@ def parse_server_spec(spec: str) -> tuple[str | None, str, frozenset[str]]:
     url, _, declared = rest.partition("#")
     if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
         raise ValueError(f"{scheme}: {redact(url)!r} is not an http(s) URL")
-    capabilities = frozenset(c.strip() for c in declared.split(",") if c.strip())
+    capabilities = frozenset(c.strip() for c in declared.split(",") if c.strip() and "=" not in c)
     unknown = capabilities - set(ENGINE_CAPABILITIES)
     if unknown:
         raise ValueError(f"unknown declarations {sorted(unknown)} after '#'; known: {ENGINE_CAPABILITIES}")
     return SCHEMES[scheme], url, capabilities
+
+
+def declared_vocab(spec: str) -> int | None:
+    """``vocab=N`` after ``#``: the vocabulary of a server judged against its twin alone (no scorer)."""
+    settings = dict(item.strip().partition("=")[::2] for item in spec.partition("#")[2].split(",") if "=" in item)
+    unknown = set(settings) - {"vocab"}
+    if unknown:
+        raise ValueError(f"unknown settings {sorted(unknown)} after '#'; known: vocab=N")
+    if "vocab" not in settings:
+        return None
+    if not settings["vocab"].isdigit() or int(settings["vocab"]) < 2:
+        raise ValueError(f"vocab= wants a vocabulary size of at least 2, got {settings['vocab']!r}")
+    return int(settings["vocab"])
 
 
 def load_scorer(location: str, *, which: str) -> Any:
@@ -115,6 +139,12 @@ class CheckpointScorer:
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
+    @property
+    def tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder)
+
     def target_logits(self, sequences):
         import torch
 
@@ -131,10 +161,44 @@ class ServerError(RuntimeError):
     """What a server did wrong on one request: the guarded call reports it as the engine's failure."""
 
 
-def crowd_request(rng: np.random.Generator, vocab: int, max_tokens: int) -> dict[str, Any]:
+class PromptText:
+    """How token-id prompts travel to a server that takes text: through the served tokenizer (``encode``,
+    ``decode``). ``tokens``: the ids whose text encodes back to the id alone, after ``prefix``, the ids the
+    encoder puts before any text (a SentencePiece word marker, a BOS)."""
+
+    def __init__(self, tokenizer: Any, vocab: int) -> None:
+        self.tokenizer = tokenizer
+        after: dict[int, tuple[int, ...]] = {}
+        for i in range(vocab):
+            ids = self.encode(self.tokenizer.decode([i]))
+            if ids and ids[-1] == i:
+                after[i] = tuple(ids[:-1])
+        prefixes = Counter(after.values())
+        self.prefix = prefixes.most_common(1)[0][0] if prefixes else ()
+        self.tokens = tuple(i for i, before in after.items() if before == self.prefix)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer.encode(text)]
+
+    def text(self, ids: list[int]) -> str:
+        """The text that the server's tokenizer encodes to exactly ``ids`` (checked)."""
+        text = self.tokenizer.decode(ids[len(self.prefix) :])
+        if ids[: len(self.prefix)] != list(self.prefix) or self.encode(text) != ids:
+            raise ServerError(
+                f"the prompt {ids[:40]} does not survive the trip through text ({text!r} encodes to "
+                f"{self.encode(text)[:40]}): its ids lie outside spectest_prompt_tokens {self.tokens[:20]}..."
+            )
+        return text
+
+
+def crowd_request(
+    rng: np.random.Generator, vocab: int, max_tokens: int, tokens: tuple[int, ...] = (), prefix: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """One unscored request beside the call's own: greedy or sampled, maybe filtered, maybe seeded."""
+    from spectest.e2e.cases import draw_prompt
+
     body: dict[str, Any] = {
-        "prompt": rng.integers(0, vocab, size=int(rng.integers(1, 9))).tolist(),
+        "prompt": draw_prompt(rng, int(rng.integers(1, 9)), vocab, tokens, prefix),
         "max_tokens": int(max_tokens),
         "temperature": 0.0 if rng.random() < 0.25 else round(float(rng.uniform(0.3, 2.0)), 3),
     }
@@ -160,6 +224,7 @@ class ServerEngine:
         api_key: str | None = None,
         concurrency: int = CONCURRENCY,
         timeout: float = TIMEOUT_S,
+        reference: str | None = None,
     ) -> None:
         self.spec = spec
         self.dialect, url, self.spectest_engine_capabilities = parse_server_spec(spec)
@@ -176,6 +241,15 @@ class ServerEngine:
         if self.draft is not None:
             self.draft_logits = lambda sequences: self.draft.target_logits(sequences)
         self.model_name: str | None = None
+        self._codec: PromptText | None = None
+        self.declared_vocab = declared_vocab(spec)
+        self.twin: ServerEngine | None = None  # the same model without speculation, to compare with
+        if reference is not None:
+            scheme = spec.partition(":")[0]
+            self.twin = ServerEngine(
+                f"{scheme}:{reference}", target=target, api_key=api_key, concurrency=concurrency, timeout=timeout
+            )
+            self.twin.declared_vocab = self.declared_vocab
 
     def __repr__(self) -> str:
         return f"<ServerEngine {self.name}>"
@@ -184,15 +258,59 @@ class ServerEngine:
     def spectest_unavailable(self) -> str | None:
         if importlib.util.find_spec("httpx") is None:
             return "httpx is not installed (pip install -e '.[server]')"
-        if self.target is None:
-            return f"{self.name} needs --spec-target: a local checkpoint (or scorer) of the served target to score with"
+        if self.target is None and self.twin is None:
+            return (
+                f"{self.name} needs --spec-target (a local checkpoint or scorer of the served target) or "
+                "--spec-reference-url (a twin endpoint without speculation)"
+            )
+        if self.target is None and self.declared_vocab is None:
+            return f"{self.name} has no --spec-target to read its vocabulary from: declare it after '#' (vocab=N)"
+        if self.dialect == "mlx" and getattr(self.target, "tokenizer", None) is None:
+            return (
+                f"{self.name} takes text prompts: --spec-target must be the served checkpoint's folder (its tokenizer)"
+            )
         return None
 
     @property
+    def codec(self) -> PromptText | None:
+        """The text route of prompts, for a server that takes no token ids (mlx_lm.server)."""
+        if self._codec is None and self.dialect == "mlx" and self.target is not None:
+            tokenizer = getattr(self.target, "tokenizer", None)
+            self._codec = PromptText(tokenizer, self.vocab_size) if tokenizer is not None else None
+        return self._codec
+
+    @property
+    def spectest_prompt_tokens(self) -> tuple[int, ...]:
+        return self.codec.tokens if self.codec else ()
+
+    @property
+    def spectest_prompt_prefix(self) -> tuple[int, ...]:
+        return self.codec.prefix if self.codec else ()
+
+    @property
+    def spectest_filter_order(self) -> tuple[str, ...] | None:
+        return MLX_ORDER if self.dialect == "mlx" else None
+
+    @property
+    def spectest_masked_tokens(self) -> tuple[int, ...]:
+        """EOS, for a server that stops on it (mlx_lm.server): kept out by ``logit_bias``, so masked."""
+        if not self.codec:
+            return ()
+        eos = getattr(self.codec.tokenizer, "eos_token_id", None)
+        return () if eos is None else (int(eos),)
+
+    @property
+    def spectest_unscored(self) -> str | None:
+        """Why nothing scores this server's tokens (judged against its twin alone), or None."""
+        return None if self.target is not None else "no --spec-target: judged against its twin only"
+
+    @property
     def vocab_size(self) -> int:
-        return int(self.target.vocab_size)
+        return int(self.target.vocab_size) if self.target is not None else int(self.declared_vocab or 0)
 
     def target_logits(self, sequences):
+        if self.target is None:
+            raise ServerError(f"{self.name} has no scorer (--spec-target)")
         return self.target.target_logits(sequences)
 
     def generate(self, prompts, params, max_new_tokens, seed):
@@ -200,7 +318,8 @@ class ServerEngine:
         rng = np.random.default_rng([zlib.crc32(b"crowd"), seed & 0xFFFFFFFF, len(prompts)])
         # A call of one request goes alone (the properties that compare send it so); any other brings a crowd.
         extra = self.concurrency - len(bodies) if len(bodies) > 1 else 0
-        crowd = [crowd_request(rng, self.vocab_size, max_new_tokens) for _ in range(extra)]
+        alphabet = (self.spectest_prompt_tokens, self.spectest_prompt_prefix)
+        crowd = [crowd_request(rng, self.vocab_size, max_new_tokens, *alphabet) for _ in range(extra)]
         return asyncio.run(self._send_all(bodies, crowd))[: len(bodies)]
 
     def _body(self, params, row: int, prompt: list[int], max_new_tokens: int, seed: int) -> dict[str, Any]:
@@ -224,7 +343,9 @@ class ServerEngine:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         limits = httpx.Limits(max_connections=self.concurrency)
         async with httpx.AsyncClient(timeout=self.timeout, headers=headers, limits=limits) as client:
-            if self.model_name is None:
+            if self.model_name is None and self.dialect == "mlx":
+                self.model_name = "default_model"  # the model it was started with
+            elif self.model_name is None:
                 await self._discover(client)
             everything = [*bodies, *crowd]
             labels = [f"request {i}" for i in range(len(bodies))] + [f"crowd request {i}" for i in range(len(crowd))]
@@ -248,11 +369,30 @@ class ServerEngine:
                 )
             self.dialect = "vllm"
 
+    def _payload(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` in the server's dialect."""
+        if self.dialect != "mlx":
+            return {"model": self.model_name, **body, "ignore_eos": True, "return_token_ids": True}
+        filters = {"top_k": 0, "top_p": 1.0, "min_p": 0.0} | body  # its command line's defaults never apply
+        payload = {**filters, "prompt": self.codec.text(body["prompt"]), "logprobs": True}
+        if self.spectest_masked_tokens:  # it stops on EOS and has no ignore_eos
+            payload["logit_bias"] = {str(i): MASKED_BIAS for i in self.spectest_masked_tokens}
+        return payload
+
+    def _token_ids(self, reply: Any) -> list[int]:
+        choice = reply["choices"][0]
+        if self.dialect == "mlx":
+            return [int(entry["id"]) for entry in choice["logprobs"]["content"]]
+        return [int(t) for t in choice["token_ids"]]
+
     async def _complete(self, client: Any, body: dict[str, Any], label: str) -> list[int]:
-        payload = {"model": self.model_name, **body, "ignore_eos": True, "return_token_ids": True}
+        try:
+            payload = self._payload(body)
+        except ServerError as exc:
+            raise ServerError(f"{self.name}: {label}: {exc}") from None
         reply = await self._request(client, "POST", "/v1/completions", payload, label, body)
         try:
-            ids = [int(t) for t in reply["choices"][0]["token_ids"]]
+            ids = self._token_ids(reply)
         except (KeyError, IndexError, TypeError, ValueError):
             raise ServerError(
                 f"{self.name}: {label} ({_describe(body)}) came back without token ids: {str(reply)[:300]}"
