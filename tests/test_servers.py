@@ -211,7 +211,7 @@ def test_a_server_judged_against_its_twin_without_speculation_fails_only_if_it_i
         (tmp_path / name).mkdir()
         run = run_pytest(
             ["--spec-engine", f"openai+vllm:{url}#seeded,vocab={VOCAB}", "--spec-reference-url", twin,
-             "--spec-budget", "quick", "--spec-property-seconds", "60", "-n", "0", "-rs", "-k",
+             "--spec-budget", "quick", "--spec-property-seconds", "20", "-n", "0", "-rs", "-k",
              "twin or follows_the_target"],
             tmp_path / name,
         )  # fmt: skip
