@@ -246,10 +246,8 @@ class ServerEngine:
         self.twin: ServerEngine | None = None  # the same model without speculation, to compare with
         if reference is not None:
             scheme = spec.partition(":")[0]
-            self.twin = ServerEngine(
-                f"{scheme}:{reference}", target=target, api_key=api_key, concurrency=concurrency, timeout=timeout
-            )
-            self.twin.declared_vocab = self.declared_vocab
+            self.twin = ServerEngine(f"{scheme}:{reference}", api_key=api_key, concurrency=concurrency, timeout=timeout)
+            self.twin.target, self.twin.declared_vocab = self.target, self.declared_vocab  # one scorer, loaded once
 
     def __repr__(self) -> str:
         return f"<ServerEngine {self.name}>"
