@@ -15,6 +15,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# How many seeds the slow tier's "a correct subject passes seed after seed" meta-tests run (seeds 1..N). CI runs
+# one (its 45 minutes hold the whole engine tier too); SPECTEST_META_SEEDS=3 pytest -m slow runs more.
+META_SEEDS = int(os.environ.get("SPECTEST_META_SEEDS", "1"))
+
 
 @dataclass
 class Outcome:

