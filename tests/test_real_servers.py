@@ -37,13 +37,11 @@ def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_n
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("httpx") is None:
         pytest.skip("vllm (the CPU build) and httpx are not installed here (the vLLM tier of .ci/run has them)")
     from spectest.e2e.engines import tiny_pair
+    from spectest.e2e.engines.vllm_cpu import speculative_config
 
     pair = tiny_pair.pair(0)
-    configs = {
-        "off": None,
-        "draft": {"model": str(pair.draft), "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"},
-        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    }
+    # the Python-API engines' configurations (vllm-cpu-off, -draft, -ngram), served
+    configs = {name: speculative_config(name, str(pair.draft)) for name in ("off", "draft", "ngram")}
     for name, config in configs.items():
         with vllm_server(str(pair.target), config, str(tmp_path / f"{name}.log")) as url:
             engine = f"openai+vllm:{url}#seeded"
@@ -82,7 +80,7 @@ def test_mlx_lm_server_fails_greedy_decoding_with_its_draft_model_and_not_withou
             (tmp_path / name).mkdir()
             run = run_pytest(
                 ["--spec-engine", f"openai+mlx:{url}#seeded", "--spec-target", str(pair.target), "--spec-seed", "1",
-                 "--spec-budget", "quick", "--spec-concurrency", "4", "-n", "0", "-k", "greedy or same_seed"],
+                 *QUICK, "--spec-concurrency", "4", "-n", "0", "-k", "greedy or same_seed"],
                 tmp_path / name,
                 timeout=900,
             )  # fmt: skip

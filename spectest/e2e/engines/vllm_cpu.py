@@ -45,6 +45,16 @@ def unavailable() -> str | None:
     return None
 
 
+def speculative_config(method: str | None, draft: str, k: int = K) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for ``method`` (``"draft"`` with the ``draft`` folder, ``"ngram"``, or
+    ``None`` for no speculation): one definition for these engines and ``vllm serve``'s in the server tests."""
+    if method == "draft":
+        return {"model": draft, "num_speculative_tokens": k, "draft_sample_method": "probabilistic"}
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    return None
+
+
 class VLLMEngine(TeacherForcedLogits):
     """The engine inside the child process."""
 
@@ -55,15 +65,7 @@ class VLLMEngine(TeacherForcedLogits):
         self.pair = tiny_pair.pair(seed)
         self.vocab_size = tiny_pair.VOCAB
         self.teacher = tiny_pair.TeacherForcing(self.pair)
-        config = None
-        if method == "draft":
-            config = {
-                "model": str(self.pair.draft),
-                "num_speculative_tokens": k,
-                "draft_sample_method": "probabilistic",
-            }
-        elif method == "ngram":
-            config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        config = speculative_config(method, str(self.pair.draft), k)
         self.llm = self._llm(config)
         self._plain: Any = None if config else self.llm
         self.speculative = config is not None
