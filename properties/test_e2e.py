@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spectest import rules
-from spectest.e2e.cases import EngineCase, engine_cases
+from spectest.e2e.cases import EngineCase, engine_cases, most_random_request
 from spectest.e2e.first_tokens import check_first_tokens
 from spectest.e2e.output import Tally, check_engine_output, require_exact, score
 from spectest.e2e.passes import check_acceptance
@@ -114,27 +114,35 @@ def test_same_seed_same_output(spec_e2e) -> None:
 
 @pytest.mark.spec_property(examples=2, checks=0, needs=(BATCH_INVARIANT,))
 def test_seeded_requests_ignore_the_batch(spec_e2e) -> None:
-    """A request with its own seed gives the same tokens alone and inside a batch of other requests
-    (moved to the last row, under another run seed)."""
+    """Requests with their own seeds give the same tokens alone and inside a batch of other requests
+    (moved to the end, under another run seed): the call's first request as drawn, and its most random
+    one (sampled, unfiltered if any is, the hottest), whose tokens change whenever it is handed another
+    request's parameters or random stream; a greedy or one-token request cannot show that."""
 
     def body(case: EngineCase) -> None:
         reqs, others = spec_e2e.requests(case, 0), spec_e2e.requests(case, 1)
-        first = torch.tensor([0])
-        params = SamplingParams.cat([reqs.params.take(first), others.params]).clone()
-        if int(params.seed[0]) == NO_SEED:
-            params.seed[0] = reqs.seed  # the request under test always carries its own seed
-        alone = spec_e2e.generate([reqs.prompts[0]], params.take(first), case.max_new_tokens, reqs.seed)
+        params = SamplingParams.cat([reqs.params.take(torch.tensor([0])), others.params]).clone()
         prompts = [reqs.prompts[0], *others.prompts]
+        under_test = [0, *({most_random_request(params)} - {0, None})]
+        for row in under_test:
+            if int(params.seed[row]) == NO_SEED:
+                params.seed[row] = reqs.seed + row  # a request under test always carries its own seed
+        alone = [
+            spec_e2e.generate([prompts[row]], params.take(torch.tensor([row])), case.max_new_tokens, reqs.seed)[0]
+            for row in under_test
+        ]
         order = [*range(1, len(prompts)), 0]
         mixed = spec_e2e.generate(
             [prompts[i] for i in order], params.take(torch.tensor(order)), case.max_new_tokens, reqs.seed + 1
         )
-        spec_e2e.require(
-            alone[0] == mixed[-1],
-            rules.E2E_BATCH_INVARIANT,
-            f"prompt {reqs.prompts[0]} ({params.describe_row(0)}): alone {alone[0]}, last of a batch of {len(order)} "
-            f"{mixed[-1]} ({case.describe()})",
-        )
+        for row, tokens in zip(under_test, alone, strict=True):
+            place = order.index(row)
+            spec_e2e.require(
+                tokens == mixed[place],
+                rules.E2E_BATCH_INVARIANT,
+                f"prompt {prompts[row]} ({params.describe_row(row)}): alone {tokens}, row {place} of a batch of "
+                f"{len(order)} {mixed[place]} ({case.describe()})",
+            )
 
     spec_e2e.given(engine_cases(mixes=("mixed", "filtered")), body)
 

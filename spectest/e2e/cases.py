@@ -130,3 +130,18 @@ def draw_requests(
         seed=seeds,
     )
     return Requests(prompts, params, int(rng.integers(0, 2**31 - 1)))
+
+
+def most_random_request(params: SamplingParams) -> int | None:
+    """The row whose output depends most on its parameters and random stream: sampled, unfiltered if any
+    row is, at the highest temperature (None if every row is greedy). A request that is greedy, or whose
+    filter leaves one token, comes out the same whoever's parameters or uniforms it is handed, so it
+    cannot show that a batch mixed them up."""
+    sampled = [row for row in range(len(params.temperature)) if float(params.temperature[row]) > 0]
+    if not sampled:
+        return None
+
+    def filtered(row: int) -> bool:
+        return int(params.top_k[row]) > 0 or float(params.top_p[row]) < 1 or float(params.min_p[row]) > 0
+
+    return max(sampled, key=lambda row: (not filtered(row), float(params.temperature[row]), -row))

@@ -6,10 +6,12 @@ library's ``ThreadingHTTPServer``). Two flavours:
 
 * ``exact``: each request decodes on its own, with its own parameters and seed (an unseeded request
   draws its seed from the shim's seeded generator): exact;
-* ``shares_parameters``: the request's sampling parameters live in one slot the handler threads share;
-  a request that arrives while another is being prepared overwrites it, and the earlier one samples
-  with the later one's parameters (the bug class of servers that hand one request's parameters to
-  another under load). Alone, each request is exact; it fails only when requests overlap.
+* ``shares_parameters``: "the request being prepared" is one slot the handler threads share (the bug class
+  of servers that hand one request's parameters and random stream to another under load). A request
+  samples with the sampling parameters and seed of the latest other request that arrived within
+  ``WINDOW_S`` of it, before or after (it overwrote the slot, or the slot was its and it took the one
+  before): every request of a crowd is handed a neighbour's, whatever order they reach the server in,
+  while a request alone is exact. It fails only when requests overlap, and then whatever the request.
 
 * ``text``: ``mlx_lm.server``'s dialect: a text ``prompt``, encoded by :class:`LetterTokenizer` (which puts a
   word marker, id 0, before every text), and the ids back in ``logprobs.content``; exact, sampling the
@@ -66,7 +68,7 @@ class TextScorer(MarkovEngine):
 
 
 text_scorer = TextScorer()
-WINDOW_S = 0.05  # how long a request's parameters sit in the shared slot before sampling (shares_parameters)
+WINDOW_S = 0.05  # how long a request is prepared before it samples; requests this close share the slot
 
 
 def params_of(bodies: list[dict[str, Any]], seeds: list[int]) -> SamplingParams:
@@ -88,7 +90,7 @@ class Shim:
         self.engine = MarkovEngine()
         self.rng = np.random.default_rng(seed)
         self.lock = threading.Lock()
-        self.current: dict[str, Any] = {}
+        self.arrivals: list[tuple[float, int, dict[str, Any], int]] = []  # (time, id, body, seed), newest last
 
     def seed_for(self, body: dict[str, Any]) -> int:
         with self.lock:
@@ -99,13 +101,23 @@ class Shim:
         seed = self.seed_for(body)
         if self.flavour == "text":
             return self.sample_in_mlx_order(body, seed)
-        if self.flavour == "shares_parameters":  # one slot for "the request's parameters", shared by threads
-            with self.lock:
-                self.current = body
-            time.sleep(WINDOW_S)  # the work before sampling, during which a later request overwrites the slot
-            with self.lock:
-                body = {**self.current, "prompt": body["prompt"], "max_tokens": body["max_tokens"]}
+        if self.flavour == "shares_parameters":
+            body, seed = self.neighbours_parameters(body, seed)
         return self.engine.generate([body["prompt"]], params_of([body], [seed]), int(body["max_tokens"]), 0)[0]
+
+    def neighbours_parameters(self, body: dict[str, Any], seed: int) -> tuple[dict[str, Any], int]:
+        """The bug: the parameters and seed of the latest other request within ``WINDOW_S`` of this one."""
+        with self.lock:
+            arrived = time.monotonic()
+            self.arrivals = [a for a in self.arrivals if arrived - a[0] < 10 * WINDOW_S]
+            self.arrivals.append((arrived, id(body), body, seed))
+        time.sleep(WINDOW_S)  # the work before sampling, while later requests overwrite the slot
+        with self.lock:
+            near = [a for a in self.arrivals if a[1] != id(body) and abs(a[0] - arrived) < WINDOW_S]
+        if not near:
+            return body, seed  # alone: exact
+        _, _, other, other_seed = near[-1]
+        return {**other, "prompt": body["prompt"], "max_tokens": body["max_tokens"]}, other_seed
 
     def sample_in_mlx_order(self, body: dict[str, Any], seed: int) -> list[int]:
         from spectest.e2e.engines.openai_server import MLX_ORDER
