@@ -78,6 +78,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
         1,
     ),
     ".venv-openvino/bin/python tests/engines/repro/openvino_genai_top_k_1.py": (SHELL, 0),
+    ".venv-openvino/bin/python tests/engines/repro/openvino_genai_seeded_batch.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_top_k_with_draft.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_sampling_with_draft.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_acceptance_with_draft.py": (SHELL, 0),
