@@ -422,15 +422,24 @@ def test_a_loop_that_throws_accepted_drafts_away_fails_tokens_per_pass(tmp_path)
 @pytest.mark.alone
 def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_target_thrice(tmp_path):
     """With --spec-e2e-speed: the unpatched transformers-assisted passes (its speedup follows the model
-    with its own measured parts), the loop that runs its target three times per pass fails by the agreement
-    rule, and the loop that keeps one token per pass stays exact (the output property passes it; the
-    other slow loop only adds an unused target call to transformers-assisted's)."""
+    with its own measured parts), reporting its passes one by one or only as vLLM's counters do; the loop
+    that runs its target three times per pass, reporting counters only (what a real engine gives), fails by
+    the agreement rule; and the loop that keeps one token per pass stays exact (the output property passes
+    it; the other slow loop only adds an unused target call to transformers-assisted's). The per-pass record
+    gives the model what the counters give (test_counters_and_per_pass_records_feed_the_speed_model_alike)."""
     pytest.importorskip("transformers")
     speed, output = "test_engine_speedup_follows_its_model", "test_engine_output_follows_the_target"
-    thrice, one = "slow_transformers.py:target_thrice_per_pass", "slow_transformers.py:keeps_one_token_per_pass"
-    engines = ["transformers-assisted", f"{SLOW}:target_thrice_per_pass", f"{SLOW}:keeps_one_token_per_pass"]
+    assisted, counted = "transformers-assisted", "slow_transformers.py:transformers_assisted_counted"
+    thrice, one = "slow_transformers.py:target_thrice_counted", "slow_transformers.py:keeps_one_token_per_pass"
+    engines = [assisted, f"{SLOW}:transformers_assisted_counted", f"{SLOW}:target_thrice_counted"]
+    engines.append(f"{SLOW}:keeps_one_token_per_pass")
     selection = _selection(
-        {"transformers-assisted": [speed], "target_thrice_per_pass": [speed], "keeps_one_token_per_pass": [output]}
+        {
+            "transformers-assisted": [speed],
+            "transformers_assisted_counted": [speed],
+            "target_thrice_counted": [speed],
+            "keeps_one_token_per_pass": [output],
+        }
     )
     options = ["--spec-e2e-speed", "-n", "0", "--spec-budget", "quick", "-k", selection]
     run = run_pytest(
@@ -438,13 +447,37 @@ def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_t
         tmp_path,
         timeout=1800,
     )
-    assert set(run.results) == {("transformers-assisted", speed), (thrice, speed), (one, output)}, run.output[-3000:]
-    assert run.results[("transformers-assisted", speed)].outcome == "passed", run.explain(
-        "transformers-assisted", speed
-    )
+    assert set(run.results) == {(assisted, speed), (counted, speed), (thrice, speed), (one, output)}, run.output[-3000:]
+    for name in (assisted, counted):
+        assert run.results[(name, speed)].outcome == "passed", run.explain(name, speed)
     outcome = run.results[(thrice, speed)]
     assert outcome.failure == {"kind": "rule", "rule": rules.E2E_SPEEDUP_AGREES}, run.explain(thrice, speed)
     assert run.results[(one, output)].outcome == "passed", run.explain(one, output)
+
+
+def test_counters_and_per_pass_records_feed_the_speed_model_alike():
+    """The speed property takes K and the target passes from a per-pass record (an instrumented loop) or
+    from counters (vLLM's: passes and drafts); one call of transformers-assisted, reporting either way,
+    gives it the same K and passes, so a loop the slow test fails while it reports counters fails the same
+    way reporting per pass."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    from spectest.e2e.speed_check import pass_totals
+
+    spec = importlib.util.spec_from_file_location("spectest_meta_slow_engines", ENGINES / "slow_transformers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    counted = module.CountedLikeVllm(module.TRANSFORMERS_ASSISTED)
+    params = SamplingParams.build(3, temperature=[1.0, 0.7, 1.3], seed=[1, 2, 3])
+    totals = []
+    for obj in (module.TRANSFORMERS_ASSISTED, counted):
+        engine = build_engine("engine", "engine", obj)
+        call_generate(engine, [[5, 6, 7], [8, 9], [10]], params, 12, seed=4, timeout=300)
+        record = engine.pass_record(3)
+        totals.append(pass_totals(record))
+    assert totals[0] == totals[1] and totals[0][0] == module.TRANSFORMERS_ASSISTED.k and totals[0][1] >= 3, totals
+    assert record.tokens_per_pass is None and record.counts is not None, record
 
 
 def _simulated_passes(realized: np.ndarray, k: int, rng: np.random.Generator) -> int:

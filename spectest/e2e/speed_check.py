@@ -18,6 +18,7 @@ from spectest.speed.bench import AGREEMENT_MISSES, SPEED_MARGIN
 from spectest.speed.clock import NOISE_LIMIT, OWN_CLOCK, single_threaded, timing_noise
 
 if TYPE_CHECKING:
+    from spectest.e2e.protocol import PassRecord
     from spectest.e2e.run import EngineRun
 
 PLAIN_STEPS = 8  # a plain step's cost: (plain_generate of 1 + PLAIN_STEPS tokens - of 1 token) / PLAIN_STEPS
@@ -87,16 +88,13 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
             costs = {**time_parts(components), **fixed_costs(spec, prompt, one)}
             if "target_step" in costs:  # the loop's own work per iteration, as plain decoding shows it
                 costs["loop"] = max(0.0, costs["plain_step"] - costs["target_step"])
-        if record.tokens_per_pass is not None and record.draft_lengths is not None:
-            k = max(max(row, default=0) for row in record.draft_lengths)
-            passes = sum(record.passes or [len(row) for row in record.tokens_per_pass])
-        elif record.counts and record.counts["passes"] and record.counts["draft_tokens"] % record.counts["passes"] == 0:
-            k, passes = record.counts["draft_tokens"] // record.counts["passes"], record.counts["passes"]
-        else:
+        totals = pass_totals(record)
+        if totals is None:
             pytest.skip(
                 f"{spec.engine.name} reports neither tokens_per_pass and draft_lengths nor pass_counts with a "
                 f"fixed K (pass_counts: {record.counts})"
             )
+        k, passes = totals
         if speed is None:
             speed = EngineSpeed(k=k)
         result = EngineRound(
@@ -138,6 +136,19 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
         f"the measured speedup fell more than {SPEED_MARGIN}x short of the model's in {test.hits} of {test.seen} "
         f"rounds (sign test p = {test.p_value:.2g} <= {spec.alpha:.2g}): {summary}",
     )
+
+
+def pass_totals(record: PassRecord) -> tuple[int, int] | None:
+    """K and the call's target passes, from what the engine reported: per pass (an instrumented loop: the
+    longest draft is K), or as counters with a fixed K (passes with drafts and the drafts they verified, as
+    vLLM counts them); None when it reported neither."""
+    if record.tokens_per_pass is not None and record.draft_lengths is not None:
+        k = max(max(row, default=0) for row in record.draft_lengths)
+        return k, sum(record.passes or [len(row) for row in record.tokens_per_pass])
+    counts = record.counts
+    if counts and counts["passes"] and counts["draft_tokens"] % counts["passes"] == 0:
+        return counts["draft_tokens"] // counts["passes"], counts["passes"]
+    return None
 
 
 def _fmt(value: float | None) -> str:
