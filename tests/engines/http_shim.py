@@ -90,7 +90,7 @@ class Shim:
         self.engine = MarkovEngine()
         self.rng = np.random.default_rng(seed)
         self.lock = threading.Lock()
-        self.arrivals: list[tuple[float, int, dict[str, Any], int]] = []  # (time, id, body, seed), newest last
+        self.arrivals: list[tuple[float, dict[str, Any], int]] = []  # (time, body, seed), newest last
 
     def seed_for(self, body: dict[str, Any]) -> int:
         with self.lock:
@@ -108,15 +108,14 @@ class Shim:
     def neighbours_parameters(self, body: dict[str, Any], seed: int) -> tuple[dict[str, Any], int]:
         """The bug: the parameters and seed of the latest other request within ``WINDOW_S`` of this one."""
         with self.lock:
-            arrived = time.monotonic()
-            self.arrivals = [a for a in self.arrivals if arrived - a[0] < 10 * WINDOW_S]
-            self.arrivals.append((arrived, id(body), body, seed))
-        time.sleep(WINDOW_S)  # the work before sampling, while later requests overwrite the slot
+            mine = (time.monotonic(), body, seed)
+            self.arrivals = [a for a in self.arrivals if mine[0] - a[0] < 10 * WINDOW_S] + [mine]
+        time.sleep(WINDOW_S)  # the work before sampling, while requests arriving now take the slot
         with self.lock:
-            near = [a for a in self.arrivals if a[1] != id(body) and abs(a[0] - arrived) < WINDOW_S]
+            near = [a for a in self.arrivals if a is not mine and abs(a[0] - mine[0]) < WINDOW_S]
         if not near:
             return body, seed  # alone: exact
-        _, _, other, other_seed = near[-1]
+        _, other, other_seed = near[-1]
         return {**other, "prompt": body["prompt"], "max_tokens": body["max_tokens"]}, other_seed
 
     def sample_in_mlx_order(self, body: dict[str, Any], seed: int) -> list[int]:
