@@ -131,7 +131,8 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
         "--spec-target",
         "spec_target",
         "local checkpoint directory of the target model, for engines that load one (transformers-assisted) and "
-        "to score a server's output ('openai:URL'; there also 'path/to/file.py:attr', an object with target_logits)",
+        "to score a server's output ('openai:URL'; there also 'path/to/file.py:attr', an object with target_logits, "
+        "or a vLLM server's prompt_logprobs: 'server', the server under test itself, or 'openai+vllm:URL')",
         {"default": None, "metavar": "DIR"},
     ),
     (

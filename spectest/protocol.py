@@ -297,6 +297,11 @@ def call_verify(
     return emitted
 
 
+class OutsideTheImplementation(RuntimeError):
+    """A failure of something the user named beside the implementation (a reference endpoint, a scoring
+    server): it passes through :func:`guarded_call` untouched, a harness-side error and no verdict."""
+
+
 def guarded_call(
     model: Model, what: str, inputs: str, timeout: float | None, fn: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
@@ -305,7 +310,7 @@ def guarded_call(
     try:
         with time_limit(timeout, model.name, f"{what}({inputs})"):
             return fn(*args, **kwargs)
-    except ContractViolation:
+    except (ContractViolation, OutsideTheImplementation):
         raise
     except Exception as exc:  # the implementation's own error: report it, don't crash the harness
         raise ContractViolation(

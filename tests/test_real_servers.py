@@ -6,6 +6,8 @@ flight with crowds of mixed parameters; with the pair's draft model, and with n-
 fails, by a rule of the engine's (docs/engines-we-checked.md: min-p refused with HTTP 400, a top-k request
 kills the engine, and one-token prompts get id 0 as their first token when requests overlap), never by a
 harness error. At the quick budget (a TV of 0.1) to keep CI within its time; the page records default runs.
+The control and the draft model are scored by the server's own ``prompt_logprobs`` (``--spec-target server``,
+shown first to equal the checkpoint's log-softmax), n-gram drafts by the local checkpoint.
 
 In the llama.cpp/MLX-LM tier: ``mlx_lm.server`` of the pair (``openai+mlx``: text prompts through the pair's
 tokenizer, EOS kept out by ``logit_bias``): without a draft its greedy requests equal greedy decoding; with the
@@ -42,13 +44,17 @@ def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_n
     pair = tiny_pair.pair(0)
     # the Python-API engines' configurations (vllm-cpu-off, -draft, -ngram), served
     configs = {name: speculative_config(name, str(pair.draft)) for name in ("off", "draft", "ngram")}
+    # The control and the draft model scored by the server's own prompt_logprobs, n-gram by the checkpoint.
+    scorers = {"off": "server", "draft": "server", "ngram": str(pair.target)}
     for name, config in configs.items():
         with vllm_server(str(pair.target), config, str(tmp_path / f"{name}.log")) as url:
             engine = f"openai+vllm:{url}#seeded"
+            if scorers[name] == "server":
+                assert_scores_as_the_checkpoint(url, str(pair.target))
             (tmp_path / name).mkdir()
             workers = ["-n", "2"] if config is None else ["-n", "0"]  # a crash must not reach the other worker's
             run = run_pytest(
-                ["--spec-engine", engine, "--spec-target", str(pair.target), "--spec-seed", "1", *QUICK, *workers],
+                ["--spec-engine", engine, "--spec-target", scorers[name], "--spec-seed", "1", *QUICK, *workers],
                 tmp_path / name,
                 timeout=900,
             )
@@ -61,6 +67,21 @@ def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_n
                 assert outcome.outcome == "passed", run.explain(shown, prop)
             else:
                 assert outcome.outcome == "failed" and outcome.failure["rule"] in ENGINE_RULES, run.explain(shown, prop)
+
+
+def assert_scores_as_the_checkpoint(url: str, target: str) -> None:
+    """``--spec-target server`` reads what the checkpoint computes: the served prompt_logprobs of a few
+    sequences equal the log-softmax of the checkpoint's float32 logits (within float32 rounding)."""
+    import torch
+
+    from spectest.e2e.engines.openai_server import CheckpointScorer, ServerEngine
+
+    sequences = [[5, 17, 99, 3, 250, 11, 42], [1, 2], list(range(100, 130))]
+    served = ServerEngine(f"openai+vllm:{url}", target="server").target_logits(sequences)
+    local = torch.log_softmax(CheckpointScorer(target).target_logits(sequences), dim=-1)
+    for i, s in enumerate(sequences):
+        gap = float((served[i, : len(s)] - local[i, : len(s)]).abs().max())
+        assert gap < 1e-4, f"sequence {i}: the served prompt_logprobs are {gap:.2g} from the checkpoint's"
 
 
 @pytest.mark.slow

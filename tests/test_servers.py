@@ -18,7 +18,7 @@ import pytest
 
 from spectest import rules
 from spectest.e2e.engines.openai_server import PromptText, ServerEngine, ServerError, parse_server_spec, redact
-from spectest.e2e.protocol import build_engine, call_generate
+from spectest.e2e.protocol import build_engine, call_generate, call_logits
 from spectest.protocol import ContractViolation
 from spectest.resolve import ModelSpecError
 from spectest.sampling_params import SamplingParams
@@ -155,9 +155,18 @@ def test_the_shim_that_shares_parameters_fails_only_when_requests_overlap(shim, 
 
 @pytest.mark.slow
 def test_under_load_the_exact_shim_follows_the_target_and_the_sharing_one_does_not(shim, tmp_path):
-    """The output property with 16 requests in flight: the exact shim passes; the shim that hands one
-    request's parameters to another fails it (a filtered token emitted, or the PIT)."""
+    """The output property with 16 requests in flight: the exact shim passes, scored by a local scorer and by
+    its own ``prompt_logprobs`` (``--spec-target server``); the shim that hands one request's parameters to
+    another fails it (a filtered token emitted, or the PIT)."""
     exact, buggy = shim("exact"), shim("shares_parameters")
+    (tmp_path / "server").mkdir()
+    own = run_pytest(
+        ["--spec-engine", f"openai+vllm:{exact}", "--spec-target", "server", *QUICK[2:], "-k", "follows_the_target"],
+        tmp_path / "server",
+    )
+    assert own.results[(f"openai+vllm:{exact}", OUTPUT)].outcome == "passed", own.explain(
+        f"openai+vllm:{exact}", OUTPUT
+    )
     engines = ["--spec-engine", f"openai+vllm:{exact}{DECLARED}", "--spec-engine", f"openai+vllm:{buggy}{DECLARED}"]
     run = run_pytest([*engines, *QUICK, "-k", "follows_the_target"], tmp_path)
     assert run.results[(f"openai+vllm:{exact}", OUTPUT)].outcome == "passed", run.explain(
@@ -238,3 +247,52 @@ def test_twin_mode_usage_errors_name_what_is_missing():
         resolve_engine("openai+vllm:http://127.0.0.1:1#vocab=x", reference="http://127.0.0.1:2")
     with pytest.raises(ModelSpecError, match="applies to server engines"):
         resolve_engine(SCORER, reference="http://127.0.0.1:2")
+
+
+def test_a_vllm_server_scores_its_own_tokens_with_prompt_logprobs_as_its_checkpoint_would(shim, tmp_path):
+    """``--spec-target server``: the target's log-probabilities at every position come from the server's
+    ``prompt_logprobs=-1`` (the vocabulary from the number of ids it scores), equal to the log-softmax of the
+    target's logits; so scored, the shim that hands one request's parameters to another fails the output
+    property by a rule, as it does scored by a local checkpoint (the slow test: the exact shim passes)."""
+    import torch
+
+    from tests.engines.markov import MarkovEngine
+
+    engine = build_engine("s", "s", ServerEngine(f"openai+vllm:{shim('exact')}", target="server"))
+    sequences = [[1, 2, 3, 4, 5], [6, 7]]
+    logits = call_logits(engine, "target", sequences, timeout=30)
+    expected = torch.log_softmax(MarkovEngine().target_logits(sequences).double(), dim=-1)
+    assert engine.unavailable is None and engine.vocab_size == VOCAB and logits.shape == (2, 5, VOCAB)
+    assert torch.allclose(logits[0], expected[0], atol=1e-6) and torch.allclose(
+        logits[1, :2], expected[1, :2], atol=1e-6
+    )
+    buggy = f"openai+vllm:{shim('shares_parameters')}"
+    run = run_pytest(
+        ["--spec-engine", buggy, "--spec-target", "server", *QUICK[2:], "-k", "follows_the_target"], tmp_path
+    )
+    assert run.results[(buggy, OUTPUT)].failure["kind"] == "rule", run.explain(buggy, OUTPUT)
+    assert "--spec-target server" in run.results[(buggy, OUTPUT)].text  # the replay command scores the same way
+
+
+def test_a_server_that_cannot_score_says_how_to_and_a_failing_scoring_endpoint_is_no_verdict(shim):
+    """A vLLM server started without ``--max-logprobs -1`` refuses ``prompt_logprobs=-1``: the engine is
+    unavailable, saying so; mlx_lm.server cannot score, nor can ``server`` score a draft. A separate scoring
+    endpoint that fails mid-run raises a harness-side error naming it, never the engine's failure."""
+    from spectest.e2e.engines.server_scoring import ScorerError
+    from spectest.e2e.resolve import resolve_engine
+
+    capped = resolve_engine(f"openai+vllm:{shim('caps_logprobs')}", target="server")
+    assert "--max-logprobs -1" in capped.unavailable and "max allowed: 20" in capped.unavailable
+    for spec, target, draft, message in (
+        ("openai+mlx:http://127.0.0.1:1", "server", None, "no prompt log-probabilities"),
+        ("openai+vllm:http://127.0.0.1:1", SCORER, "server", "serves the target"),
+    ):
+        with pytest.raises(ModelSpecError, match=message):
+            resolve_engine(spec, target=target, draft=draft)
+    server, url = http_shim.serve("exact")
+    engine = resolve_engine(f"openai+vllm:{shim('exact')}", target=f"openai+vllm:{url}")
+    assert engine.unavailable is None and engine.vocab_size == VOCAB  # probed before the run
+    server.shutdown()
+    server.server_close()
+    with pytest.raises(ScorerError, match=f"scoring endpoint .*127.0.0.1:{url.rsplit(':', 1)[1]}"):
+        call_logits(engine, "target", [[1, 2, 3]], timeout=30)

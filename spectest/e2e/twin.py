@@ -29,6 +29,7 @@ from spectest import rules
 from spectest.e2e.cases import EngineCase
 from spectest.e2e.first_tokens import one_prompt
 from spectest.engine.stats import required_noncentrality
+from spectest.protocol import OutsideTheImplementation
 
 if TYPE_CHECKING:
     from spectest.e2e.run import EngineRun
@@ -38,7 +39,7 @@ MIN_CALLS, MAX_CALLS = 8, 1024  # calls of a few requests each (the rest of the 
 POWER = 0.99
 
 
-class TwinError(RuntimeError):
+class TwinError(OutsideTheImplementation):
     """The reference endpoint failed: not the engine's failure, and no verdict on it."""
 
 

@@ -20,7 +20,9 @@ library's ``ThreadingHTTPServer``). Two flavours:
 
 Misbehaving flavours for the client's reliability: ``drops_connections`` (closes every completion's
 connection without a reply), ``refuses_min_p`` (HTTP 400 on a request with min-p), ``malformed_json``,
-``stops_early`` (one token short of ``max_tokens``) and ``hangs`` (never answers): each must give a failing
+``stops_early`` (one token short of ``max_tokens``), ``hangs`` (never answers) and ``caps_logprobs`` (refuses
+``prompt_logprobs`` beyond 20 ids, as vLLM started without ``--max-logprobs -1`` does; every other vLLM-dialect
+flavour answers them with the full vocabulary, as ``--spec-target server`` reads them): each must give a failing
 verdict naming the server, the request and what came back, never a harness traceback or a hang. ``python tests/engines/http_shim.py
 FLAVOUR PORT`` serves one from the command line.
 """
@@ -37,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -178,12 +181,30 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
                 return None
             if shim.flavour == "hangs":
                 time.sleep(3600)
+            if body.get("prompt_logprobs") is not None:
+                return self.reply_prompt_logprobs(body)
             ids = shim.complete(body)
             if shim.flavour == "stops_early":
                 ids = ids[:-1]
             return self.reply(
                 200, {"object": "text_completion", "model": MODEL, "choices": [{"index": 0, "token_ids": ids}]}
             )
+
+        def reply_prompt_logprobs(self, body: dict[str, Any]) -> None:
+            """vLLM's ``prompt_logprobs``: per prompt position after the first, every id's log-probability
+            under the target given the ids before it (``caps_logprobs``: refused beyond 20, vLLM's default)."""
+            wanted, prompt = int(body["prompt_logprobs"]), body["prompt"]
+            if shim.flavour == "caps_logprobs" and not 0 <= wanted <= 20:
+                message = f"Requested prompt logprobs of {wanted}, which is greater than max allowed: 20"
+                return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
+            rows = torch.log_softmax(shim.engine.target_logits([prompt])[0].float(), dim=-1)
+            entries: list[Any] = [None]
+            for t in range(1, len(prompt)):
+                order = torch.argsort(rows[t - 1], descending=True).tolist()
+                rank = {i: r + 1 for r, i in enumerate(order)}
+                entries.append({str(i): {"logprob": float(rows[t - 1, i]), "rank": rank[i]} for i in order})
+            choice = {"index": 0, "token_ids": [int(rows[-1].argmax())], "prompt_logprobs": entries}  # greedy
+            return self.reply(200, {"object": "text_completion", "model": MODEL, "choices": [choice]})
 
     return Handler
 

@@ -34,6 +34,7 @@ def vllm_server(target: str, speculative_config: dict | None, log: str) -> Itera
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--host", "127.0.0.1",
         "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--seed", "0",
+        "--max-logprobs", "-1",  # full-vocabulary prompt_logprobs: --spec-target server scores with them
     ]  # fmt: skip
     if speculative_config:
         command += ["--speculative-config", json.dumps(speculative_config)]

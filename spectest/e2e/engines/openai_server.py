@@ -104,9 +104,25 @@ def declared_vocab(spec: str) -> int | None:
     return int(settings["vocab"])
 
 
-def load_scorer(location: str, *, which: str) -> Any:
-    """``--spec-target``/``--spec-draft`` for a server: a checkpoint directory (transformers) or
-    ``path.py:attr`` / ``module:attr``, an object with ``target_logits``."""
+def load_scorer(location: str, *, which: str, engine: ServerEngine) -> Any:
+    """``--spec-target``/``--spec-draft`` for a server: a checkpoint directory (transformers),
+    ``path.py:attr`` / ``module:attr`` (an object with ``target_logits``), or a vLLM endpoint's
+    ``prompt_logprobs``: ``server`` (the engine's own, target only) or ``openai+vllm:URL``."""
+    from spectest.e2e.engines.server_scoring import OWN, ServerScorer
+
+    if location == OWN:
+        if which != "target":
+            raise ValueError(f"--spec-{which} {OWN}: the server serves the target; name the draft's own endpoint")
+        if engine.dialect == "mlx":
+            raise ValueError(f"--spec-target {OWN}: mlx_lm.server returns no prompt log-probabilities to score with")
+        return ServerScorer(engine, own=True)
+    if is_server_spec(location):
+        endpoint = ServerEngine(
+            location, api_key=engine._api_key, concurrency=engine.concurrency, timeout=engine.timeout
+        )
+        if endpoint.dialect == "mlx":
+            raise ValueError(f"--spec-{which} {endpoint.name}: mlx_lm.server returns no prompt log-probabilities")
+        return ServerScorer(endpoint, own=False)
     if Path(location).is_dir():
         if not (Path(location) / "config.json").is_file():
             raise ValueError(f"{location!r} is not a checkpoint directory (no config.json there)")
@@ -236,8 +252,8 @@ class ServerEngine:
             raise ValueError(f"--spec-concurrency must be >= 1, got {concurrency}")
         self.concurrency, self.timeout = concurrency, timeout
         self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-        self.target = load_scorer(target, which="target") if target else None
-        self.draft = load_scorer(draft, which="draft") if draft else None
+        self.target = load_scorer(target, which="target", engine=self) if target else None
+        self.draft = load_scorer(draft, which="draft", engine=self) if draft else None
         if self.draft is not None:
             self.draft_logits = lambda sequences: self.draft.target_logits(sequences)
         self.model_name: str | None = None
@@ -263,6 +279,10 @@ class ServerEngine:
             )
         if self.target is None and self.declared_vocab is None:
             return f"{self.name} has no --spec-target to read its vocabulary from: declare it after '#' (vocab=N)"
+        for scorer in (self.target, self.draft):
+            refused = scorer.unavailable() if callable(getattr(scorer, "unavailable", None)) else None
+            if refused:
+                return refused
         if self.dialect == "mlx" and getattr(self.target, "tokenizer", None) is None:
             return (
                 f"{self.name} takes text prompts: --spec-target must be the served checkpoint's folder (its tokenizer)"
@@ -335,16 +355,36 @@ class ServerEngine:
         body["seed"] = request_seed(params, row, seed)
         return body
 
-    async def _send_all(self, bodies: list[dict[str, Any]], crowd: list[dict[str, Any]]) -> list[list[int]]:
+    def _client(self, timeout: float | None = None) -> Any:
         import httpx
 
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         limits = httpx.Limits(max_connections=self.concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout, headers=headers, limits=limits) as client:
-            if self.model_name is None and self.dialect == "mlx":
-                self.model_name = "default_model"  # the model it was started with
-            elif self.model_name is None:
-                await self._discover(client)
+        return httpx.AsyncClient(timeout=timeout or self.timeout, headers=headers, limits=limits)
+
+    async def _know_model(self, client: Any) -> None:
+        if self.model_name is None and self.dialect == "mlx":
+            self.model_name = "default_model"  # the model it was started with
+        elif self.model_name is None:
+            await self._discover(client)
+
+    async def post_all(
+        self, payloads: list[dict[str, Any]], labels: list[str], *, timeout: float | None = None
+    ) -> list[Any]:
+        """Each payload (with the served model's name) to ``/v1/completions``, ``concurrency`` in flight: the
+        replies, in order (the scorer's requests: :mod:`spectest.e2e.engines.server_scoring`)."""
+        async with self._client(timeout) as client:
+            await self._know_model(client)
+            return await asyncio.gather(
+                *(
+                    self._request(client, "POST", "/v1/completions", {"model": self.model_name, **payload}, label)
+                    for payload, label in zip(payloads, labels, strict=True)
+                )
+            )
+
+    async def _send_all(self, bodies: list[dict[str, Any]], crowd: list[dict[str, Any]]) -> list[list[int]]:
+        async with self._client() as client:
+            await self._know_model(client)
             everything = [*bodies, *crowd]
             labels = [f"request {i}" for i in range(len(bodies))] + [f"crowd request {i}" for i in range(len(crowd))]
             return await asyncio.gather(
@@ -411,7 +451,7 @@ class ServerEngine:
         try:
             response = await client.request(method, self.url + path, json=payload, params=self.query or None)
         except httpx.TimeoutException:
-            raise ServerError(f"{self.name}: {what} got no answer within {self.timeout:g} s") from None
+            raise ServerError(f"{self.name}: {what} got no answer within {client.timeout.read:g} s") from None
         except httpx.HTTPError as exc:
             detail = str(exc).replace(self.url, redact(self.url)) or "the connection closed without a reply"
             raise ServerError(f"{self.name}: {what} failed: {type(exc).__name__}: {detail}") from None
