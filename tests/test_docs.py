@@ -88,6 +88,8 @@ COMMANDS: dict[str, tuple[str, int]] = {
         SHELL,
         0,
     ),
+    "vllm serve MODEL --max-logprobs -1 --speculative-config '...'": (SHELL, 0),
+    "pytest --spec-engine 'openai+vllm:http://127.0.0.1:8000#seeded' --spec-target server": (SHELL, 0),
     "P=~/.cache/spectest/pair-seed0-recipe1": (SHELL, 0),
     'OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model $P/target --host 127.0.0.1 --port 8000 --dtype float32 --enforce-eager --max-model-len 512 --speculative-config "{\\"model\\": \\"$P/draft\\", \\"num_speculative_tokens\\": 4, \\"draft_sample_method\\": \\"probabilistic\\"}"': (
         SHELL,

@@ -24,9 +24,11 @@ server is refused by name until an adapter for its fields exists. A server that 
 HTTP 400) fails the call with its own words and the request that carried it.
 
 Declarations after ``#``: ``openai+vllm:http://host:port#seeded,batch-invariant,standard-rejection``
-(what the deployment promises; none by default). Scoring never trusts the server: the target's logits
-come from ``--spec-target``, a local checkpoint of the same model (transformers) or ``path.py:attr``, an
-object with ``target_logits`` (and ``vocab_size``); ``--spec-draft`` likewise for the draft's. Where
+(what the deployment promises; none by default). Scoring never trusts the server's sampler: the target's
+logits come from ``--spec-target``, a local checkpoint of the same model (transformers), ``path.py:attr`` (an
+object with ``target_logits`` and ``vocab_size``), or a vLLM endpoint's ``prompt_logprobs`` (``server``: the
+one under test; ``openai+vllm:URL``: another, :mod:`spectest.e2e.engines.server_scoring`); ``--spec-draft``
+likewise for the draft's. Where
 neither exists, ``--spec-reference-url`` names a twin endpoint of the same model with speculation off
 (same dialect): the output is compared with the twin's by a two-sample test (:mod:`spectest.e2e.twin`),
 the scoring properties skip, and ``vocab=N`` after ``#`` gives the vocabulary prompts are drawn from.
