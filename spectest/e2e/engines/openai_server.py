@@ -19,9 +19,13 @@ prompts as text only and stops on EOS: prompts are drawn from the ids whose text
 one in ``--spec-target``'s folder) encodes back to themselves, after the ids it puts before every prompt
 (declared as ``spectest_prompt_tokens`` and ``spectest_prompt_prefix``; every prompt's round trip is
 checked before it is sent), EOS is kept out by ``logit_bias`` and declared masked, the ids come back from
-``logprobs``, and its sampling order (top-p, min-p, top-k, then temperature) is declared. llama.cpp's
-server is refused by name until an adapter for its fields exists. A server that refuses a parameter (an
-HTTP 400) fails the call with its own words and the request that carried it.
+``logprobs``, and its sampling order (top-p, min-p, top-k, then temperature) is declared.
+``openai+llamacpp`` (llama.cpp's ``llama-server``) is served through its own ``POST /completion``: token-id
+prompts (no BOS added), ``n_predict``, ``ignore_eos`` and ``return_tokens`` (the ids back in ``tokens``),
+every sampler llama-server would otherwise apply by default set neutral (top-k 40, top-p 0.95, min-p 0.05 and a
+1.1 repeat penalty are its defaults) and its sampler chain named, top-k, top-p, min-p, then temperature, as
+declared. A server that refuses a parameter (an HTTP 400) fails the call with its own words and the request
+that carried it.
 
 Declarations after ``#``: ``openai+vllm:http://host:port#seeded,batch-invariant,standard-rejection``
 (what the deployment promises; none by default). Scoring never trusts the server's sampler: the target's
@@ -52,10 +56,17 @@ import numpy as np
 
 from spectest.e2e.protocol import ENGINE_CAPABILITIES
 
-SCHEMES = {"openai": None, "openai+vllm": "vllm", "openai+mlx": "mlx"}
-DIALECTS = ("vllm", "mlx")
-REFUSED = {"openai+llamacpp": "llama.cpp's server"}
+SCHEMES = {"openai": None, "openai+vllm": "vllm", "openai+mlx": "mlx", "openai+llamacpp": "llamacpp"}
+DIALECTS = ("vllm", "mlx", "llamacpp")
 MLX_ORDER = ("top_p", "min_p", "top_k", "temperature")  # mlx_lm/sample_utils.py: filters on untempered log-probs
+LLAMACPP_ORDER = ("top_k", "top_p", "min_p", "temperature")  # the sampler chain spectest asks llama-server for
+# llama-server's defaults that are not the target's distribution (top-k 40, top-p 0.95, min-p 0.05, a 1.1 repeat
+# penalty, ...): every request sets them neutral, and names its sampler chain.
+LLAMACPP_NEUTRAL = {
+    "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "repeat_last_n": 0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
+    "dynatemp_range": 0.0, "samplers": list(LLAMACPP_ORDER),
+}  # fmt: skip
 MASKED_BIAS = -1e9  # a logit bias that leaves a masked id probability exactly 0 in float32
 CONCURRENCY = 16
 TIMEOUT_S = 120.0
@@ -63,8 +74,7 @@ API_KEY_ENV = "SPECTEST_API_KEY"
 
 
 def is_server_spec(spec: str) -> bool:
-    scheme = spec.partition(":")[0]
-    return scheme in SCHEMES or scheme in REFUSED
+    return spec.partition(":")[0] in SCHEMES
 
 
 def redact(url: str) -> str:
@@ -78,11 +88,6 @@ def redact(url: str) -> str:
 def parse_server_spec(spec: str) -> tuple[str | None, str, frozenset[str]]:
     """(dialect or None to detect, URL, declared capabilities) of ``openai[+dialect]:URL[#caps]``."""
     scheme, _, rest = spec.partition(":")
-    if scheme in REFUSED:
-        raise ValueError(
-            f"{REFUSED[scheme]} is not supported yet: its completions return token ids in fields of its own "
-            f"(supported dialects: {', '.join(DIALECTS)})"
-        )
     url, _, declared = rest.partition("#")
     if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
         raise ValueError(f"{scheme}: {redact(url)!r} is not an http(s) URL")
@@ -309,7 +314,7 @@ class ServerEngine:
 
     @property
     def spectest_filter_order(self) -> tuple[str, ...] | None:
-        return MLX_ORDER if self.dialect == "mlx" else None
+        return {"mlx": MLX_ORDER, "llamacpp": LLAMACPP_ORDER}.get(self.dialect or "")
 
     @property
     def spectest_masked_tokens(self) -> tuple[int, ...]:
@@ -367,6 +372,8 @@ class ServerEngine:
     async def _know_model(self, client: Any) -> None:
         if self.model_name is None and self.dialect == "mlx":
             self.model_name = "default_model"  # the model it was started with
+        elif self.model_name is None and self.dialect == "llamacpp":
+            self.model_name = "served"  # its /completion serves the one model it was started with
         elif self.model_name is None:
             await self._discover(client)
 
@@ -394,7 +401,8 @@ class ServerEngine:
             )
 
     async def _discover(self, client: Any) -> None:
-        """The served model's name and, for ``openai:URL``, the dialect (vLLM lists itself as owner)."""
+        """The served model's name and, for ``openai:URL``, the dialect (vLLM lists itself as owner; llama-server
+        must be named, its sampling order is declared before the run)."""
         reply = await self._request(client, "GET", "/v1/models", None, "model list")
         try:
             model = reply["data"][0]
@@ -403,14 +411,18 @@ class ServerEngine:
             raise ServerError(f"{self.name}: GET /v1/models returned {str(reply)[:300]}, not a model list") from None
         if self.dialect is None:
             if owner != "vllm":
+                named = "openai+llamacpp" if owner == "llamacpp" else "openai+vllm"
                 raise ServerError(
                     f"{self.name}: cannot tell its dialect (/v1/models owned_by {owner!r}); name it, e.g. "
-                    f"openai+vllm:{redact(self.url)}"
+                    f"{named}:{redact(self.url)}"
                 )
             self.dialect = "vllm"
 
     def _payload(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` in the server's dialect."""
+        if self.dialect == "llamacpp":  # llama-server's own /completion: ids in, ids out
+            request = {k: v for k, v in body.items() if k != "max_tokens"} | {"n_predict": body["max_tokens"]}
+            return LLAMACPP_NEUTRAL | request | {"ignore_eos": True, "return_tokens": True}
         if self.dialect != "mlx":
             return {"model": self.model_name, **body, "ignore_eos": True, "return_token_ids": True}
         filters = {"top_k": 0, "top_p": 1.0, "min_p": 0.0} | body  # its command line's defaults never apply
@@ -420,6 +432,8 @@ class ServerEngine:
         return payload
 
     def _token_ids(self, reply: Any) -> list[int]:
+        if self.dialect == "llamacpp":
+            return [int(t) for t in reply["tokens"]]
         choice = reply["choices"][0]
         if self.dialect == "mlx":
             return [int(entry["id"]) for entry in choice["logprobs"]["content"]]
@@ -430,7 +444,8 @@ class ServerEngine:
             payload = self._payload(body)
         except ServerError as exc:
             raise ServerError(f"{self.name}: {label}: {exc}") from None
-        reply = await self._request(client, "POST", "/v1/completions", payload, label, body)
+        path = "/completion" if self.dialect == "llamacpp" else "/v1/completions"
+        reply = await self._request(client, "POST", path, payload, label, body)
         try:
             ids = self._token_ids(reply)
         except (KeyError, IndexError, TypeError, ValueError):
