@@ -283,7 +283,8 @@ def test_a_server_that_cannot_score_says_how_to_and_a_failing_scoring_endpoint_i
     capped = resolve_engine(f"openai+vllm:{shim('caps_logprobs')}", target="server")
     assert "--max-logprobs -1" in capped.unavailable and "max allowed: 20" in capped.unavailable
     for spec, target, draft, message in (
-        ("openai+mlx:http://127.0.0.1:1", "server", None, "no prompt log-probabilities"),
+        ("openai+mlx:http://127.0.0.1:1", "server", None, "only vLLM returns prompt log-probabilities"),
+        ("openai+llamacpp:http://127.0.0.1:1", "server", None, "only vLLM returns prompt log-probabilities"),
         ("openai+vllm:http://127.0.0.1:1", SCORER, "server", "serves the target"),
     ):
         with pytest.raises(ModelSpecError, match=message):

@@ -24,7 +24,7 @@ checked before it is sent), EOS is kept out by ``logit_bias`` and declared maske
 prompts (no BOS added), ``n_predict``, ``ignore_eos`` and ``return_tokens`` (the ids back in ``tokens``),
 every sampler llama-server would otherwise apply by default set neutral (top-k 40, top-p 0.95, min-p 0.05 and a
 1.1 repeat penalty are its defaults) and its sampler chain named, top-k, top-p, min-p, then temperature, as
-declared. A server that refuses a parameter (an HTTP 400) fails the call with its own words and the request
+declared; EOS is masked (llama-server's ``ignore_eos`` is a -inf bias on it). A server that refuses a parameter (an HTTP 400) fails the call with its own words and the request
 that carried it.
 
 Declarations after ``#``: ``openai+vllm:http://host:port#seeded,batch-invariant,standard-rejection``
@@ -120,15 +120,17 @@ def load_scorer(location: str, *, which: str, engine: ServerEngine) -> Any:
     if location == OWN:
         if which != "target":
             raise ValueError(f"--spec-{which} {OWN}: the server serves the target; name the draft's own endpoint")
-        if engine.dialect == "mlx":
-            raise ValueError(f"--spec-target {OWN}: mlx_lm.server returns no prompt log-probabilities to score with")
+        if engine.dialect in ("mlx", "llamacpp"):
+            raise ValueError(f"--spec-target {OWN}: only vLLM returns prompt log-probabilities over the vocabulary")
         return ServerScorer(engine, own=True)
     if is_server_spec(location):
         endpoint = ServerEngine(
             location, api_key=engine._api_key, concurrency=engine.concurrency, timeout=engine.timeout
         )
-        if endpoint.dialect == "mlx":
-            raise ValueError(f"--spec-{which} {endpoint.name}: mlx_lm.server returns no prompt log-probabilities")
+        if endpoint.dialect in ("mlx", "llamacpp"):
+            raise ValueError(
+                f"--spec-{which} {endpoint.name}: only vLLM returns prompt log-probabilities to score with"
+            )
         return ServerScorer(endpoint, own=False)
     if Path(location).is_dir():
         if not (Path(location) / "config.json").is_file():
@@ -318,10 +320,16 @@ class ServerEngine:
 
     @property
     def spectest_masked_tokens(self) -> tuple[int, ...]:
-        """EOS, for a server that stops on it (mlx_lm.server): kept out by ``logit_bias``, so masked."""
-        if not self.codec:
+        """EOS, where the server keeps it out: mlx_lm.server stops on it, so spectest masks it by ``logit_bias``;
+        llama-server implements ``ignore_eos`` itself by a -inf bias on EOS (its ``generation_settings`` show it).
+        The id comes from the served checkpoint's tokenizer (``--spec-target DIR``)."""
+        if self.dialect == "mlx" and self.codec:
+            tokenizer = self.codec.tokenizer
+        elif self.dialect == "llamacpp":
+            tokenizer = getattr(self.target, "tokenizer", None)
+        else:
             return ()
-        eos = getattr(self.codec.tokenizer, "eos_token_id", None)
+        eos = getattr(tokenizer, "eos_token_id", None)
         return () if eos is None else (int(eos),)
 
     @property

@@ -68,8 +68,6 @@ class ServerScorer:
         endpoint that does not answer is left to the calls (the engine's failure when it is the engine)."""
         from spectest.e2e.engines.openai_server import ServerError
 
-        if self.endpoint.dialect == "mlx":
-            return f"{self.endpoint.name} cannot score: mlx_lm.server returns no prompt log-probabilities"
         if self._vocab is None and self._refused is None:
             try:
                 self._vocab = self._probe()
