@@ -12,6 +12,10 @@ is then judged scored by them (``--spec-target server``), the control and n-gram
 In the llama.cpp/MLX-LM tier: ``mlx_lm.server`` of the pair (``openai+mlx``: text prompts through the pair's
 tokenizer, EOS kept out by ``logit_bias``): without a draft its greedy requests equal greedy decoding; with the
 pair's draft model they do not after the first request (MLX-LM's Python API passes with the same draft).
+
+Where a ``llama-server`` binary is installed (``SPECTEST_LLAMA_SERVER`` or ``PATH``; CI does not build one):
+llama-server of the pair's GGUFs (``openai+llamacpp``: its own ``/completion``), without speculation, with the
+pair's draft GGUF and with n-gram drafts, passes every output property, as llama.cpp's Python API does.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import importlib.util
 import pytest
 
 from spectest import rules
-from tests.engines.servers import mlx_server, vllm_server
+from tests.engines.servers import LLAMA_SERVER_ENV, llama_server, llama_server_binary, mlx_server, vllm_server
 from tests.runner_helpers import run_pytest
 
 PROPERTIES = (
@@ -112,3 +116,39 @@ def test_mlx_lm_server_fails_greedy_decoding_with_its_draft_model_and_not_withou
             assert run.results[key].outcome == "passed", run.explain(*key)
         else:
             assert run.results[key].failure == {"kind": "rule", "rule": rules.GREEDY_IS_ARGMAX}, run.explain(*key)
+
+
+LLAMA_SPECULATION = {
+    "off": [],
+    "draft": ["--spec-type", "draft-simple", "--spec-draft-n-max", "4", "-ctkd", "f32", "-ctvd", "f32", "-td", "1"],
+    "ngram": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4"],
+}
+
+
+@pytest.mark.slow
+def test_llama_server_passes_with_and_without_speculation(tmp_path):
+    """The recorded verdicts (docs/engines-we-checked.md): llama-server (4 slots, 16 requests in flight) passes
+    the output, first-token, greedy and same-seed properties without speculation, with the pair's draft model
+    and with n-gram drafts, scored by the checkpoint; no property fails and none is a harness error."""
+    binary = llama_server_binary()
+    if binary is None or importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip(f"no llama-server binary ({LLAMA_SERVER_ENV} or PATH) or no llama-cpp-python (to convert GGUF)")
+    from spectest.e2e.engines import tiny_pair
+    from spectest.e2e.engines.llama_cpp import to_gguf
+
+    pair = tiny_pair.pair(0)
+    gguf = tiny_pair.converted(pair, "gguf", "llama-cpp-python", to_gguf)
+    for name, flags in LLAMA_SPECULATION.items():
+        flags = [*flags, "-md", str(gguf / "draft" / "model.gguf")] if name == "draft" else flags
+        with llama_server(binary, str(gguf / "target" / "model.gguf"), flags, str(tmp_path / f"{name}.log")) as url:
+            (tmp_path / name).mkdir()
+            run = run_pytest(
+                ["--spec-engine", f"openai+llamacpp:{url}#seeded", "--spec-target", str(pair.target), "--spec-seed",
+                 "1", *QUICK, "-n", "2"],
+                tmp_path / name,
+                timeout=900,
+            )  # fmt: skip
+        shown = f"openai+llamacpp:{url}"
+        for prop in PROPERTIES:
+            outcome = run.results.get((shown, prop))
+            assert outcome is not None and outcome.outcome == "passed", f"{name}: {prop}: {run.output[-2000:]}"
