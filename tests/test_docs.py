@@ -91,6 +91,24 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "vllm serve MODEL --max-logprobs -1 --speculative-config '...'": (SHELL, 0),
     "pytest --spec-engine 'openai+vllm:http://127.0.0.1:8000#seeded' --spec-target server": (SHELL, 0),
     "P=~/.cache/spectest/pair-seed0-recipe1": (SHELL, 0),
+    # docs/how-to/servers.md: llama-server, built from llama-cpp-python's sdist (tests/test_real_servers.py, where built)
+    ".venv-native/bin/pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d /tmp/lcp && tar xzf /tmp/lcp/llama_cpp_python-0.3.36.tar.gz -C /tmp/lcp": (
+        SHELL,
+        0,
+    ),
+    "cmake -S /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp -B /tmp/lcp/build -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF && cmake --build /tmp/lcp/build --target llama-server -j 2": (
+        SHELL,
+        0,
+    ),
+    "G=~/.cache/spectest/pair-seed0-recipe1/gguf-llama-cpp-python-0.3.36": (SHELL, 0),
+    "/tmp/lcp/build/bin/llama-server -m $G/target/model.gguf -md $G/draft/model.gguf --spec-type draft-simple --spec-draft-n-max 4 -ctk f32 -ctv f32 -ctkd f32 -ctvd f32 -fa off -np 4 -t 1 --host 127.0.0.1 --port 8090": (
+        SHELL,
+        0,
+    ),
+    ".venv-native/bin/pytest --spec-engine 'openai+llamacpp:http://127.0.0.1:8090#seeded' --spec-target ~/.cache/spectest/pair-seed0-recipe1/target": (
+        SHELL,
+        0,
+    ),
     'OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model $P/target --host 127.0.0.1 --port 8000 --dtype float32 --enforce-eager --max-model-len 512 --speculative-config "{\\"model\\": \\"$P/draft\\", \\"num_speculative_tokens\\": 4, \\"draft_sample_method\\": \\"probabilistic\\"}"': (
         SHELL,
         0,
