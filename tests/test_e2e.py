@@ -18,7 +18,14 @@ from scipy import stats
 from spectest import rules
 from spectest.e2e.passes import expected_tokens_per_pass, trial_pit, trials
 from spectest.e2e.protocol import EngineModel, build_engine, call_generate, call_logits
-from spectest.e2e.targets import fragile, greedy_decisions, included_when_favoured, pit, position_group
+from spectest.e2e.targets import (
+    explain_exclusion,
+    fragile,
+    greedy_decisions,
+    included_when_favoured,
+    pit,
+    position_group,
+)
 from spectest.options import BUDGETS
 from spectest.protocol import ContractViolation
 from spectest.sampling import make_generator, sample_categorical
@@ -158,6 +165,43 @@ def test_an_exact_engine_passes_every_end_to_end_property(tmp_path):
     assert all(not c.get("time_limited") for c in checks)
     assert any(f.get("pit") for f in run.document["figures"])
     assert "spectest: engines: markov.py:markov" in run.output
+
+
+def test_an_impossible_token_is_explained_by_the_parameter_or_the_order_that_excludes_it():
+    """A token the processed target excludes is explained: by each filter that, ignored alone, would keep
+    it (a server that lost it), by all of them together, or by another place for temperature (the
+    engine's order is not the declared one); a masked id by its logit."""
+    logits = torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0, -5.0], dtype=torch.float64)
+    declared = ("top_k", "top_p", "min_p")  # temperature first
+    one = lambda **p: SamplingParams.build(1, **p)  # noqa: E731
+    assert explain_exclusion(logits, 4, one(top_k=2), declared).endswith("possible if the engine ignored top_k=2")
+    assert "5th most likely of 6" in explain_exclusion(logits, 4, one(top_k=2), declared)
+    both = explain_exclusion(logits, 4, one(top_k=2, min_p=0.2), declared)
+    assert both.endswith("ignored all of top_k=2, min_p=0.2"), both
+    # min-p 0.2 on the tempered distribution (T = 0.3, declared) drops id 1 (ratio e^-1 = 0.37 untempered,
+    # 0.036 tempered); an engine that ignores min-p, or filters before temperature, keeps it.
+    moved = explain_exclusion(logits, 1, one(temperature=0.3, min_p=0.2), declared)
+    assert moved.endswith(
+        "ignored min_p=0.2, or applied them in the order top_k, top_p, min_p, temperature "
+        "(declared: temperature, top_k, top_p, min_p)"
+    ), moved
+    far = torch.tensor([0.0, -1e4], dtype=torch.float64)
+    assert "0 even unfiltered" in explain_exclusion(far, 1, one(), declared)
+    masked = logits.clone()
+    masked[3] = float("-inf")
+    assert "-inf" in explain_exclusion(masked, 3, one(top_k=2), declared)
+
+
+def test_an_engine_that_loses_a_parameter_fails_naming_it(tmp_path):
+    """A server that drops top-k on the way to its sampler emits tokens top-k removes: the exact rule fails
+    and says top-k is the parameter that would explain them."""
+    engine = f"{ENGINES / 'markov.py'}:loses_top_k"
+    run = run_pytest(
+        ["--spec-engine", engine, "-n", "0", "--spec-budget", "quick", "-k", "follows_the_target"], tmp_path
+    )
+    outcome = run.results[("markov.py:loses_top_k", "test_engine_output_follows_the_target")]
+    assert outcome.outcome == "failed" and outcome.failure["rule"] == rules.NEVER_IMPOSSIBLE, outcome.text
+    assert "possible if the engine ignored top_k=" in outcome.text, outcome.text
 
 
 def test_an_engine_that_processes_only_the_draft_fails_by_the_pit(tmp_path):
@@ -377,6 +421,7 @@ def test_a_token_match_loop_has_its_acceptance_efficiency_measured_not_judged(tm
     expected = figure["acceptance_token_match"] / figure["acceptance_standard_rejection"]
     assert low <= expected <= high and high < 1, run.explain(*key)
     assert "acceptance efficiency against standard rejection" in run.output
+    assert "Failing explicit example" not in run.output, "a skip is no failure: its reason must not read as one"
 
 
 def test_mlx_passes_are_read_from_its_from_draft_flags():
