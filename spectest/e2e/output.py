@@ -28,6 +28,7 @@ from spectest import rules
 from spectest.e2e.cases import EngineCase, Requests
 from spectest.e2e.protocol import DRAFT_LOGITS, TOKEN_WISE
 from spectest.e2e.targets import (
+    explain_exclusion,
     fragile,
     greedy_decisions,
     included_when_favoured,
@@ -149,7 +150,9 @@ def require_exact(spec: EngineRun, reqs: Requests, scored: Scored, tally: Tally,
                 rules.NEVER_IMPOSSIBLE,
                 f"{reqs.describe(int(scored.request[m]))}: position {int(scored.position[m])} emitted token "
                 f"{int(scored.tokens[m])}, which the processed target gives probability 0 (even with the logits "
-                f"moved 1e-4 in its favour); {case.describe()}",
+                f"moved 1e-4 in its favour): "
+                f"{explain_exclusion(scored.logits[m], int(scored.tokens[m]), params.take(torch.tensor([m])), spec.order)}"
+                f"; {case.describe()}",
             )
         tally.ambiguous_tokens += int((impossible & favoured).sum())
     if greedy.any():

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spectest.sampling_params import SamplingParams, process_logits
+from spectest.sampling_params import SamplingParams, filter_active, process_logits
 
 AMBIGUITY = 1e-4  # relative perturbation of the logits that counts as numerical noise
 
@@ -167,3 +167,49 @@ __all__ = [
     "position_group",
     "position_label",
 ]
+
+
+def explain_exclusion(logits: torch.Tensor, token: int, params: SamplingParams, order: tuple[str, ...]) -> str:
+    """Why the processed target gives ``token`` probability 0 at one position (logits [V], ``params`` one
+    row), and what the engine would have had to do to emit it: ignore one of the request's filters (each
+    that, turned off alone, keeps it: a server that lost the parameter between its HTTP layer and its
+    sampler), or all of them, or apply temperature and the filters in another order than the declared one
+    (the first such order); a masked id (logit -inf) is said to be one."""
+    from itertools import permutations
+
+    from spectest.protocol import FILTERS, TEMPERATURE
+
+    row = logits.view(1, -1)
+    vocab = row.shape[-1]
+    if not bool(torch.isfinite(row[0, token])):
+        return "its logit is -inf (a masked id): no parameter explains it"
+    active = [name for name in FILTERS if bool(filter_active(name, getattr(params, name), vocab)[0])]
+
+    def possible(names: list[str], in_order: tuple[str, ...]) -> bool:
+        without = params.map(torch.clone)
+        for name in names:
+            getattr(without, name).fill_({"top_k": 0, "top_p": 1.0, "min_p": 0.0}[name])
+        return float(_process(row, without, in_order)[0, token]) > 0
+
+    ways = [f"ignored {name}={_value(params, name)}" for name in active if possible([name], order)]
+    if not ways and len(active) > 1 and possible(active, order):
+        ways.append("ignored all of " + ", ".join(f"{name}={_value(params, name)}" for name in active))
+    declared = order if TEMPERATURE in order else (TEMPERATURE, *order)
+    moved = next((o for o in permutations((*FILTERS, TEMPERATURE)) if o != declared and possible([], o)), None)
+    if moved:
+        ways.append(f"applied them in the order {', '.join(moved)} (declared: {', '.join(declared)})")
+    rank = int((row[0] > row[0, token]).sum()) + 1
+    said = f"it is the target's {_ordinal(rank)} most likely of {vocab}"
+    if ways:
+        return f"{said}; it is possible if the engine " + ", or ".join(ways)
+    return f"{said}; its probability is 0 even unfiltered (logit {float(row[0, token]):.6g}, the top one {float(row.max()):.6g})"
+
+
+def _value(params: SamplingParams, name: str) -> str:
+    value = getattr(params, name)[0]
+    return f"{int(value)}" if name == "top_k" else f"{float(value):.4g}"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

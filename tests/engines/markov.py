@@ -183,12 +183,22 @@ class CountingTokenMatch(CountingMarkov, TokenMatchMarkov):
     spectest_engine_capabilities = frozenset({"seeded", "batch-invariant"})
 
 
+class LosesTopK(MarkovEngine):
+    """A server that loses top-k between its HTTP layer and its sampler: every request samples, drafts
+    and verifies as if it had asked for no top-k (its other parameters arrive)."""
+
+    def generate(self, prompts, params, max_new_tokens, seed):
+        lost = SamplingParams(**{**params.__dict__, "top_k": torch.zeros_like(params.top_k)})
+        return super().generate(prompts, lost, max_new_tokens, seed)
+
+
 markov = MarkovEngine()
 temperature_only_on_draft = TemperatureOnlyOnDraft()
 token_match = TokenMatchMarkov()
 counting = CountingMarkov()
 drops_the_bonus = DropsTheBonus()
 counting_token_match = CountingTokenMatch()
+loses_top_k = LosesTopK()
 
 
 class LazyRows:
