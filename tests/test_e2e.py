@@ -255,9 +255,34 @@ def test_an_engine_that_crashes_aborts_or_hangs_in_its_own_process_fails_only_it
     assert len(run.document["tests"]) == 8 and not run.document["harness_errors"]
 
 
+def test_an_isolated_engines_own_cpu_time_counts_as_its_calls():
+    """An engine in its own process works while this one waits: the run's clock (which the budget and
+    the report's "implementation calls" read) must count the child's CPU, or a slow real engine never
+    meets its budget and its time per token is reported as nearly nothing."""
+    import importlib.util
+    import time
+
+    from spectest.speed.clock import cpu_time
+
+    spec = importlib.util.spec_from_file_location("crashing_engines", ENGINES / "crashing.py")
+    crashing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crashing)
+    engine = crashing.Isolated("busy", fault="busy", from_call=1)
+    try:
+        assert engine.vocab_size > 0  # the child starts here, outside the measurement
+        own, clock = time.process_time(), cpu_time()
+        engine.target_logits([[1, 2, 3]])  # half a second of CPU in the child
+        own, clock = time.process_time() - own, cpu_time() - clock
+    finally:
+        engine.close()
+    assert clock >= 0.45 and own < 0.25, f"this process {own:.2f} s, the run's clock {clock:.2f} s"
+
+
 def test_engines_alone_run_only_the_end_to_end_properties(tmp_path):
     run = run_pytest(["--spec-engine", MARKOV, "-n", "0", "-k", "greedy_requests"], tmp_path)
     assert {prop for _, prop in run.results} == {"test_greedy_requests_equal_greedy_decoding"}, run.output[-2000:]
+    # the engine's generation and the teacher forcing that scores it, apart, and the harness's share
+    assert "teacher forcing" in run.output and "x the engine's generation" in run.output, run.output[-2000:]
 
 
 def test_a_bad_engine_name_is_a_usage_error(pytester):

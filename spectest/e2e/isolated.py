@@ -10,6 +10,10 @@ the call raises :class:`EngineHung`. Either way the call fails (the engine contr
 into a ``does not raise`` failure naming the engine and the request), the property's verdict is the
 engine's, the other properties run on a fresh child, and nothing already written is lost.
 
+Each answer carries the child's CPU seconds for the call, which the run's clock adds to its own
+(:func:`spectest.speed.clock.cpu_time`): the budget (``--spec-run-seconds``) and the report's
+"implementation calls" are the engine's own work, not the few milliseconds this process spends waiting.
+
 The engine object in the child is built by ``factory(**options)`` (an importable ``module:function``);
 it speaks the engine protocol (:mod:`spectest.e2e.protocol`). Arrays cross the pipe as numpy arrays.
 """
@@ -20,9 +24,12 @@ import importlib
 import importlib.util
 import multiprocessing
 import signal
+import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from spectest.speed.clock import add_engine_process_cpu
 
 START_SECONDS = 600.0  # building an engine may convert models on first use
 CALL_SECONDS = 600.0  # a call's limit when the harness gives none
@@ -74,11 +81,12 @@ def _serve(connection: Any, factory: str, options: dict[str, Any]) -> None:
         if method == "stop":
             return
         try:
+            started = time.process_time()
             result = getattr(engine, method)(*args)
             if hasattr(result, "numpy"):  # a torch tensor: numpy over the pipe
                 result = result.detach().cpu().numpy()
             record = {name: getattr(engine, name, None) for name in REPORTED}
-            connection.send(("ok", (result, record)))
+            connection.send(("ok", (result, record, time.process_time() - started)))
         except BaseException as exc:
             connection.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
 
@@ -192,7 +200,8 @@ class IsolatedEngine:
             kind, message, trace = payload
             self.close()
             raise RuntimeError(f"{kind}: {message} (in {self.name}'s process)\n{trace[-1500:]}")
-        result, record = payload
+        result, record, cpu_s = payload
+        add_engine_process_cpu(cpu_s)  # the engine's own work, in its process: the run's clock counts it
         for name, value in record.items():
             setattr(self, name, value)
         return result

@@ -122,10 +122,18 @@ def summary_lines(session: SpecSession) -> list[str]:
             )
     timings = [r["timing"] for r in shown if "timing" in r]
     if timings:
-        total = {key: sum(t[key] for t in timings) for key in ("inputs_s", "calls_s", "statistics_s", "total_s")}
+        keys = ("inputs_s", "calls_s", "statistics_s", "total_s", "scoring_s")
+        total = {key: sum(t.get(key, 0.0) for t in timings) for key in keys}
+        calls = f"implementation calls {total['calls_s']:.1f} s"
+        if total["scoring_s"]:
+            own = total["calls_s"] - total["scoring_s"]
+            harness = total["inputs_s"] + total["statistics_s"] + total["scoring_s"]
+            calls += (
+                f" (generating {own:.1f} s, teacher forcing {total['scoring_s']:.1f} s: the harness's work, "
+                f"teacher forcing included, is {harness / max(own, 1e-9):.2f}x the engine's generation)"
+            )
         lines.append(
-            f"time in the properties ({total['total_s']:.1f} s of CPU): implementation calls "
-            f"{total['calls_s']:.1f} s, generating inputs {total['inputs_s']:.1f} s, statistics "
-            f"{total['statistics_s']:.1f} s"
+            f"time in the properties ({total['total_s']:.1f} s of CPU): {calls}, generating inputs "
+            f"{total['inputs_s']:.1f} s, statistics {total['statistics_s']:.1f} s"
         )
     return lines

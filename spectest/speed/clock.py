@@ -117,9 +117,20 @@ def timing_noise(
     return min(spreads)
 
 
+_ENGINE_PROCESSES_CPU_S = [0.0]
+
+
+def add_engine_process_cpu(seconds: float) -> None:
+    """Count ``seconds`` of CPU an engine spent in a process of its own answering a call
+    (:mod:`spectest.e2e.isolated`): this process only waits for it, yet it is the implementation's
+    work, which the run's budget and the report's "implementation calls" are about."""
+    _ENGINE_PROCESSES_CPU_S[0] += max(0.0, float(seconds))
+
+
 def cpu_time() -> float:
-    """CPU seconds of the whole process, every thread included: work, not waiting."""
-    return time.process_time()
+    """CPU seconds of the whole process, every thread included, and of the calls answered by engines in
+    processes of their own: work, not waiting."""
+    return time.process_time() + _ENGINE_PROCESSES_CPU_S[0]
 
 
 class Ledger:
@@ -147,9 +158,13 @@ class Ledger:
         return self.spent.get(category, 0.0)
 
     def split(self) -> dict[str, float]:
-        """Seconds by category, the rest of the run as ``inputs`` (case generation and bookkeeping)."""
+        """Seconds by category, the rest of the run as ``inputs`` (case generation and bookkeeping);
+        ``scoring_s``, where measured, is the part of ``calls_s`` that scored the implementation
+        (an engine's teacher forcing) rather than ran it."""
         elapsed = self.clock() - self.started
         split = {"calls_s": self.total("calls"), "statistics_s": self.total("statistics")}
         split["inputs_s"] = max(0.0, elapsed - sum(split.values()))
         split["total_s"] = elapsed
+        if "scoring" in self.spent:
+            split["scoring_s"] = self.total("scoring")
         return split

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from pathlib import Path
 
 from spectest.e2e.isolated import IsolatedWithDraft
@@ -33,6 +34,13 @@ def build(fault: str, from_call: int):
                 if fault == "hang":
                     ctypes.CDLL(None).pause()  # blocks in C: the GIL's holder never returns
             return super().generate(prompts, params, max_new_tokens, seed)
+
+        def target_logits(self, sequences):
+            if fault == "busy":  # CPU work in the engine's own process, which the harness's clock must see
+                started = time.process_time()
+                while time.process_time() - started < 0.5:
+                    pass
+            return super().target_logits(sequences)
 
     return Faulty()
 

@@ -213,22 +213,37 @@ class TeacherForcing:
     def __init__(self, pairs: PairDirs) -> None:
         self.pairs = pairs
         self.models: dict[str, object] = {}
+        # Loaded with the engine, not in its first call: importing transformers and loading a checkpoint
+        # take seconds of start-up that would count as the calls' time (the draft is a 1-layer model).
+        self._model("target")
+        self._model("draft")
+
+    def _model(self, which: str):
+        if which not in self.models:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            folder = self.pairs.target if which == "target" else self.pairs.draft
+            self.models[which] = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        return self.models[which]
 
     def logits(self, which: str, sequences):
         import torch
-        from transformers import AutoModelForCausalLM
 
-        if which not in self.models:
-            folder = self.pairs.target if which == "target" else self.pairs.draft
-            self.models[which] = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        model = self._model(which)
         longest = max(len(s) for s in sequences)
         ids = torch.zeros((len(sequences), longest), dtype=torch.int64)
         mask = torch.zeros_like(ids)
         for i, s in enumerate(sequences):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        with torch.no_grad():
-            return self.models[which](input_ids=ids, attention_mask=mask).logits.float()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny model: more threads only spin, and their CPU counts as the call's
+        try:
+            with torch.no_grad():
+                return model(input_ids=ids, attention_mask=mask).logits.float()
+        finally:
+            torch.set_num_threads(threads)
 
 
 class TeacherForcedLogits:
