@@ -259,15 +259,12 @@ def test_an_isolated_engines_own_cpu_time_counts_as_its_calls():
     """An engine in its own process works while this one waits: the run's clock (which the budget and
     the report's "implementation calls" read) must count the child's CPU, or a slow real engine never
     meets its budget and its time per token is reported as nearly nothing."""
-    import importlib.util
     import time
 
+    from spectest.e2e.isolated import load_factory
     from spectest.speed.clock import cpu_time
 
-    spec = importlib.util.spec_from_file_location("crashing_engines", ENGINES / "crashing.py")
-    crashing = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crashing)
-    engine = crashing.Isolated("busy", fault="busy", from_call=1)
+    engine = load_factory(f"{ENGINES / 'crashing.py'}:Isolated")("busy", fault="busy", from_call=1)
     try:
         assert engine.vocab_size > 0  # the child starts here, outside the measurement
         own, clock = time.process_time(), cpu_time()

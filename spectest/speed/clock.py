@@ -63,21 +63,31 @@ OWN_CLOCK = OwnClock()
 
 
 @contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch's intra-op pool pinned to the calling thread, restored after (for tiny models more
+    threads only spin, and their CPU counts)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def single_threaded() -> Iterator[None]:
     """Torch's intra-op pool pinned to the calling thread (restored after), and the garbage
     collector paused, so that every cost lands on the thread the clock watches."""
     import gc
 
-    import torch
-
-    threads = torch.get_num_threads()
     collecting = gc.isenabled()
-    torch.set_num_threads(1)
     gc.disable()
     try:
-        yield
+        with one_torch_thread():
+            yield
     finally:
-        torch.set_num_threads(threads)
         if collecting:
             gc.enable()
 

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectest.speed.clock import one_torch_thread
+
 VOCAB = 320
 HEADS = 2
 K = 4
@@ -137,7 +139,6 @@ def eagle_head(pairs: PairDirs) -> Path:
 
     def make(folder: Path) -> None:
         import json
-        import zlib
 
         import torch
         from safetensors.torch import save_file
@@ -152,11 +153,10 @@ def eagle_head(pairs: PairDirs) -> Path:
         for name, weight in sorted(layer.state_dict().items()):
             if name.startswith("input_layernorm"):  # EAGLE-1's first layer has none (vLLM replaces it by identity)
                 continue
-            generator = torch.Generator().manual_seed(pairs.seed * 7919 + zlib.crc32(b"eagle:" + name.encode()))
+            generator = named_generator(pairs.seed, b"eagle:" + name.encode())
             value = torch.ones_like(weight) if "norm" in name else torch.randn(weight.shape, generator=generator) * 0.02
             weights[f"layers.0.{name}"] = value.float().contiguous()
-        generator = torch.Generator().manual_seed(pairs.seed * 7919 + zlib.crc32(b"eagle:fc"))
-        fc = torch.randn((hidden, 2 * hidden), generator=generator) * 0.02
+        fc = torch.randn((hidden, 2 * hidden), generator=named_generator(pairs.seed, b"eagle:fc")) * 0.02
         fc[:, hidden:] += torch.eye(hidden)
         weights["fc.weight"] = fc.contiguous()
         folder.mkdir(parents=True, exist_ok=True)
@@ -166,12 +166,21 @@ def eagle_head(pairs: PairDirs) -> Path:
     return cached(key, make)
 
 
+def named_generator(seed: int, name: bytes):
+    """A torch generator for one weight, seeded by the pair's seed and the weight's name: the pair does not
+    depend on the order or the library that draws its weights."""
+    import zlib
+
+    import torch
+
+    return torch.Generator().manual_seed(seed * 7919 + zlib.crc32(name))
+
+
 def seeded_weights(target, draft, seed: int) -> None:
     """Every weight drawn here, by name, from generators seeded by the pair's seed: the pair does not
     depend on how the installed transformers initialises a model, so every engine's venv builds the same
     one. Norm weights 1; others N(0, 0.02^2), the head at a logit scale of 2.5; the draft is the target's
     first layer, embeddings and head plus DRAFT_NOISE of their scale in noise."""
-    import zlib
 
     import torch
 
@@ -180,7 +189,7 @@ def seeded_weights(target, draft, seed: int) -> None:
     hidden = target.config.hidden_size
     with torch.no_grad():
         for name, weight in sorted(target.state_dict().items()):
-            generator = torch.Generator().manual_seed(seed * 7919 + zlib.crc32(name.encode()))
+            generator = named_generator(seed, name.encode())
             if "norm" in name:
                 weight.fill_(1.0)
             else:
@@ -189,7 +198,7 @@ def seeded_weights(target, draft, seed: int) -> None:
                 weight.copy_(torch.randn(weight.shape, generator=generator) * std)
         draft.load_state_dict(target.state_dict(), strict=False)
         for name, weight in sorted(draft.state_dict().items()):
-            generator = torch.Generator().manual_seed(seed * 7919 + zlib.crc32(b"draft:" + name.encode()))
+            generator = named_generator(seed, b"draft:" + name.encode())
             weight.add_(torch.randn(weight.shape, generator=generator) * DRAFT_NOISE * weight.std().clamp_min(1e-3))
 
 
@@ -237,13 +246,8 @@ class TeacherForcing:
         for i, s in enumerate(sequences):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # a tiny model: more threads only spin, and their CPU counts as the call's
-        try:
-            with torch.no_grad():
-                return model(input_ids=ids, attention_mask=mask).logits.float()
-        finally:
-            torch.set_num_threads(threads)
+        with one_torch_thread(), torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask).logits.float()
 
 
 class TeacherForcedLogits:

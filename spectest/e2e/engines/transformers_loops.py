@@ -35,6 +35,7 @@ import torch
 
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED, TOKEN_WISE
 from spectest.sampling_params import NO_SEED, SamplingParams
+from spectest.speed.clock import one_torch_thread
 
 VOCAB = 256
 K = 4  # drafts per pass
@@ -227,14 +228,18 @@ class TransformersLoop:
         outputs, passes, tokens, drafts = [], [], [], []
         verbosity = logging.get_verbosity()
         logging.set_verbosity_error()
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # small models: more threads only add overhead (and CPU time)
         try:
             for row, prompt in enumerate(prompts):
                 sampling = self.sampling(params, row)
                 log: list[tuple[int, int]] = []
                 ids = torch.tensor([list(prompt)], dtype=torch.int64)
-                with torch.random.fork_rng(devices=[]), torch.no_grad(), recording_passes(log), self.patches():
+                with (
+                    one_torch_thread(),
+                    torch.random.fork_rng(devices=[]),
+                    torch.no_grad(),
+                    recording_passes(log),
+                    self.patches(),
+                ):
                     torch.manual_seed(self.request_seed(params, row, seed))
                     out = target.generate(
                         ids,
@@ -251,7 +256,6 @@ class TransformersLoop:
                 drafts.append([proposed for proposed, _ in log])
         finally:
             logging.set_verbosity(verbosity)
-            torch.set_num_threads(threads)
         if speculative:
             self.passes, self.tokens_per_pass, self.draft_lengths = passes, tokens, drafts
         return outputs
