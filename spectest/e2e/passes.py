@@ -56,6 +56,12 @@ def trials(tokens_per_pass: list[int], draft_lengths: list[int]) -> tuple[np.nda
     return np.array(index, dtype=np.int64), np.array(offset, dtype=np.int64), np.array(accepted, dtype=bool)
 
 
+def drafting_passes(tokens_per_pass: list[int], first_token: str) -> list[int]:
+    """A request's passes after the prompt's: an engine whose prompt pass samples the first token
+    (``prefill``) reports it as a pass of one token and no drafts, which the chain's tokens per pass leaves out."""
+    return list(tokens_per_pass[1:]) if first_token == "prefill" else list(tokens_per_pass)
+
+
 def trial_pit(acceptance: np.ndarray, accepted: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """Randomised PIT of Bernoulli(acceptance) outcomes: uniform on [0, 1 - a) for a rejection, on
     [1 - a, 1) for an acceptance."""
@@ -76,7 +82,7 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
     efficiency = Efficiency() if TOKEN_WISE not in spec.engine.capabilities else None
     sums = np.zeros(0)
     counts = np.zeros(0)
-    calls = tokens = emitted_passes = trial_count = skipped = 0
+    calls = tokens = pass_tokens = emitted_passes = trial_count = skipped = 0
     while efficiency.open(calls) if efficiency else tally_open(checks, calls):
         reqs = spec.requests(case, calls)
         outputs = spec.generate(reqs.prompts, reqs.params, case.max_new_tokens, reqs.seed)
@@ -106,7 +112,9 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
             index.append(base[r] + i)
             offset.append(j)
             accepted.append(a)
-            emitted_passes += len(record.tokens_per_pass[r])
+            after_prompt = drafting_passes(record.tokens_per_pass[r], spec.engine.first_token)
+            emitted_passes += len(after_prompt)
+            pass_tokens += sum(after_prompt)
         index, offset, accepted = np.concatenate(index), np.concatenate(offset), np.concatenate(accepted)
         keep = ~shaky[index]
         skipped += int((~keep).sum())
@@ -133,19 +141,20 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
         v = torch.rand(len(index), generator=uniforms, dtype=torch.float64).numpy()
         checks.add(offset, [trial_pit(acceptance[index], accepted, v)])
     if efficiency is not None:
-        efficiency.report(spec, case, calls, tokens, emitted_passes, skipped)
+        efficiency.report(spec, case, calls, pass_tokens, emitted_passes, skipped)
     by_offset = [float(s / c) if c else 0.0 for s, c in zip(sums, counts, strict=True)]
     spec.record(
         {
             "e2e": case.describe(),
             "acceptance_by_offset": by_offset,
-            "tokens_per_pass_measured": tokens / max(1, emitted_passes),
+            "tokens_per_pass_measured": pass_tokens / max(1, emitted_passes),
             "tokens_per_pass_expected": expected_tokens_per_pass(by_offset),
             "trials": trial_count,
         }
     )
     context = (
-        f"{case.describe()}; {calls} calls, {tokens} tokens in {emitted_passes} passes ({tokens / max(1, emitted_passes):.3f} "
+        f"{case.describe()}; {calls} calls, {tokens} tokens, {pass_tokens} in {emitted_passes} drafting passes "
+        f"({pass_tokens / max(1, emitted_passes):.3f} "
         f"per pass; {expected_tokens_per_pass(by_offset):.3f} from the mean acceptance by offset "
         f"{[round(a, 3) for a in by_offset]}), {trial_count} verified drafts ({skipped} at a filter's numerical edge left out)"
     )

@@ -30,12 +30,17 @@ offset of a pass follows the target, and tokens per pass follow the chain), ``sp
 ("lowest-id" or "any", for greedy requests), ``spectest_filter_order`` (default top_k, top_p,
 min_p after temperature, transformers' order), ``spectest_draft_warps`` (how many times the
 engine applies a request's processing to its draft: transformers applies it twice, so its draft
-samples from softmax(logits / T^2) at temperature T; the harness models the draft's q the same way), ``spectest_masked_tokens`` (ids the engine can only
+samples from softmax(logits / T^2) at temperature T; the harness models the draft's q the same way), ``spectest_draft_sampling``
+("request", the default: the draft samples with the request's processing; or "greedy": it proposes its argmax
+whatever the request says, as llama.cpp's speculative example drafts, so q is a point mass), ``spectest_masked_tokens`` (ids the engine can only
 keep out of its output by masking them, EOS say: the harness masks them too), and
 ``spectest_sampling_params`` (the parameters it takes, default all four: requests leave the others off),
 ``spectest_prompt_tokens`` and ``spectest_prompt_prefix`` (for an engine whose prompts travel as text:
 the ids whose text encodes back to themselves, which prompts are drawn from, and the ids its encoder
 puts before every prompt, which every prompt then starts with), and ``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
+For the speed property: ``spectest_components`` (one pass's parts to time), ``spectest_clock`` (the clock to
+time the engine on; an engine in a process of its own brings its process's CPU time) and
+``spectest_components_unavailable`` (why there are no parts, said in the skip).
 
 "No stop on EOS" must come from configuration, not from a processor that masks EOS (a
 minimum-length rule sets its logit to -inf, so the engine samples from a distribution the raw
@@ -70,6 +75,7 @@ DRAFT_LOGITS = "draft-logits"
 SCORED = "scored"  # its target can be scored: every engine but a server judged against a twin alone
 TWIN = "twin"  # a twin without speculation to compare with (a server with --spec-reference-url)
 FIRST_TOKENS = ("drafted", "prefill")  # where a request's first new token comes from (spectest_first_token)
+DRAFT_SAMPLINGS = ("request", "greedy")  # how the draft picks its proposals (spectest_draft_sampling)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class EngineModel:
     masked_tokens: tuple[int, ...] = ()
     filter_order: tuple[str, ...] = DEFAULT_ORDER  # the order the engine applies top-k, top-p, min-p
     draft_warps: int = 1  # how many times the engine applies a request's processing to its draft
+    draft_sampling: str = "request"  # or "greedy": the draft proposes its argmax whatever the request says
     sampling_params: tuple[str, ...] = PARAMETERS  # the parameters it takes (vLLM refuses min-p with a draft)
     first_token: str = "drafted"  # or "prefill": the first new token comes from the prompt's pass, no drafts
     prompt_tokens: tuple[int, ...] = ()  # the ids prompts may hold (none named: any); text-prompt servers name theirs
@@ -195,6 +202,9 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
     supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
     if "temperature" not in supported or set(supported) - set(PARAMETERS):
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
+    draft_sampling = declared("spectest_draft_sampling") or "request"
+    if draft_sampling not in DRAFT_SAMPLINGS:
+        raise ValueError(f"{name}: spectest_draft_sampling must be one of {DRAFT_SAMPLINGS}, got {draft_sampling!r}")
     first_token = declared("spectest_first_token") or "drafted"
     if first_token not in FIRST_TOKENS:
         raise ValueError(f"{name}: spectest_first_token must be one of {FIRST_TOKENS}, got {first_token!r}")
@@ -210,6 +220,7 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
         masked_tokens=masked,
         filter_order=order,
         draft_warps=warps,
+        draft_sampling=draft_sampling,
         sampling_params=supported,
         first_token=first_token,
         prompt_tokens=prompt_tokens,

@@ -1,6 +1,7 @@
 """End to end, pillar three: does an engine's measured speedup follow the tokens-per-pass model?
 
-Rounds, on the own-time clock (:mod:`spectest.speed.clock`) with torch on one thread: the same
+Rounds, on the own-time clock (:mod:`spectest.speed.clock`) with torch on one thread (an engine in
+a process of its own, :mod:`spectest.e2e.isolated`, on its process's CPU time, every part run there): the same
 requests through ``generate`` (speculative) and ``plain_generate``, in alternating order, and the
 engine's components timed beside them (``spectest_components``: one pass's drafting, a target
 pass over K + 1 positions, one pass's verification and bookkeeping, one plain decoding step),
@@ -39,14 +40,16 @@ TARGET_STEP = "target_step"
 REPEATS = 7
 
 
-def time_parts(parts: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, float]:
-    """Median own-clock seconds of each part (after one warm-up run); the caller holds ``single_threaded``."""
+def time_parts(
+    parts: dict[str, Callable[[], object]], repeats: int = REPEATS, clock: Callable[[], float] = OWN_CLOCK
+) -> dict[str, float]:
+    """Median seconds of each part (after one warm-up run) on ``clock``; the caller holds ``single_threaded``."""
     out = {}
     for name in (*PARTS, TARGET_STEP):
         if name in parts:
             run = parts[name]
             run()
-            out[name] = statistics.median(timed(run) for _ in range(repeats))
+            out[name] = statistics.median(timed(run, clock) for _ in range(repeats))
     return out
 
 
@@ -155,12 +158,13 @@ class EngineSpeed:
         }
 
 
-def timed(work: Callable[[], object]) -> float:
-    """Own-clock seconds of one run of ``work`` (the caller holds ``single_threaded``)."""
-    started = OWN_CLOCK()
+def timed(work: Callable[[], object], clock: Callable[[], float] = OWN_CLOCK) -> float:
+    """Seconds of one run of ``work`` on ``clock`` (the own clock by default: the caller holds
+    ``single_threaded``; an engine in a process of its own brings its process's clock)."""
+    started = clock()
     work()
-    return OWN_CLOCK() - started
+    return clock() - started
 
 
-def median_time(work: Callable[[], object], repeats: int = 3) -> float:
-    return float(statistics.median(timed(work) for _ in range(repeats)))
+def median_time(work: Callable[[], object], repeats: int = 3, clock: Callable[[], float] = OWN_CLOCK) -> float:
+    return float(statistics.median(timed(work, clock) for _ in range(repeats)))

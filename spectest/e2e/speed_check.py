@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,6 +12,8 @@ import torch
 from spectest import rules
 from spectest.e2e.cases import EngineCase
 from spectest.e2e.output import draft_rows, score
+from spectest.e2e.passes import drafting_passes
+from spectest.e2e.protocol import TOKEN_WISE
 from spectest.e2e.speed import PARTS, EngineRound, EngineSpeed, median_time, time_parts, timed
 from spectest.engine.stats import SignTest
 from spectest.simulators.text import expected_passes
@@ -25,18 +28,25 @@ PLAIN_STEPS = 8  # a plain step's cost: (plain_generate of 1 + PLAIN_STEPS token
 
 
 def expected_tokens_per_pass(spec: EngineRun, reqs, outputs, k: int, by_position: dict[int, list[float]]) -> float:
-    """Tokens per pass the chain predicts along the engine's own output: per token the acceptance
-    r_t = min(p_t, q_t)(y_t) / p_t(y_t) of the token it emitted (the probability it came from an
-    accepted draft), and the expected passes of each request over them (the renewal chain of
-    :mod:`spectest.simulators.text`: no i.i.d. assumption, the last passes cut by the end)."""
+    """Tokens per pass the chain predicts along the engine's own output: per token the probability r_t
+    that it came from an accepted draft, given the token y_t it emitted, and the expected passes of each
+    request over them (the renewal chain of :mod:`spectest.simulators.text`: no i.i.d. assumption, the
+    last passes cut by the end). Under standard rejection r_t = min(p_t, q_t)(y_t) / p_t(y_t); an engine
+    that samples the target and keeps a draft while it equals the sample (not ``standard-rejection``) emits
+    the target's sample y_t either way and kept the draft when the draft drew it too: r_t = q_t(y_t). So an
+    engine is held to its own acceptance rule (the tokens-per-pass property measures its efficiency)."""
     scored = score(spec, reqs, outputs)
     q = draft_rows(spec, scored)
-    acceptance = scored.acceptance(q).numpy()
+    token_wise = TOKEN_WISE in spec.engine.capabilities
+    acceptance = scored.acceptance(q).numpy() if token_wise else (scored.probs * q).sum(dim=-1).clamp(0, 1).numpy()
     for t in np.unique(scored.position):
         by_position.setdefault(int(t), []).extend(acceptance[scored.position == t].tolist())
     rows = torch.arange(len(scored.tokens))
-    own = scored.probs[rows, scored.tokens]
-    realized = (torch.minimum(own, q[rows, scored.tokens]) / own.clamp_min(1e-300)).clamp(0, 1).numpy()
+    drafted = q[rows, scored.tokens]
+    if token_wise:
+        own = scored.probs[rows, scored.tokens]
+        drafted = torch.minimum(own, drafted) / own.clamp_min(1e-300)
+    realized = drafted.clamp(0, 1).numpy()
     # An engine whose prompt pass samples the first token (``prefill``) counts the passes after it; a
     # 1-token request's fixed cost holds the prompt's pass.
     skip = 1 if spec.engine.first_token == "prefill" else 0
@@ -51,18 +61,22 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
     engine = spec.engine.engine
     make_components = getattr(engine, "spectest_components", None)
     if not callable(make_components):
-        pytest.skip(f"{spec.engine.name} exposes no spectest_components (one pass's parts to time)")
+        why = getattr(engine, "spectest_components_unavailable", None)
+        pytest.skip(
+            f"{spec.engine.name} exposes no spectest_components (one pass's parts to time){f': {why}' if why else ''}"
+        )
     first = spec.requests(case, 0)
     prompt, one = first.prompts[:1], first.params.take(torch.tensor([0]))
     components = make_components(prompt[0], one)
     missing = [name for name in PARTS if name not in components]
     if missing:
         pytest.skip(f"{spec.engine.name}'s spectest_components lacks {missing}")
+    clock = engine_clock(engine)
     with single_threaded():
-        noise = timing_noise(components["target"])
+        noise = timing_noise(components["target"], clock=clock)
     if noise > NOISE_LIMIT:
         pytest.skip(
-            f"machine too noisy to time: identical target passes spread {noise:.0%} of their median ({OWN_CLOCK.name})"
+            f"machine too noisy to time: identical target passes spread {noise:.0%} of their median ({clock.name})"
         )
     test = SignTest.plan(spec.alpha, misses=AGREEMENT_MISSES)
     speed: EngineSpeed | None = None
@@ -80,15 +94,15 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
 
         with single_threaded():
             if label % 2 == 0:
-                t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts))
-                t_plain = timed(plain_run)
+                t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts), clock)
+                t_plain = timed(plain_run, clock)
             else:
-                t_plain = timed(plain_run)
-                t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts))
-            costs = {**time_parts(components), **fixed_costs(spec, prompt, one)}
+                t_plain = timed(plain_run, clock)
+                t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts), clock)
+            costs = {**time_parts(components, clock=clock), **fixed_costs(spec, prompt, one, clock)}
             if "target_step" in costs:  # the loop's own work per iteration, as plain decoding shows it
                 costs["loop"] = max(0.0, costs["plain_step"] - costs["target_step"])
-        totals = pass_totals(record)
+        totals = pass_totals(record, spec.engine.first_token)
         if totals is None:
             pytest.skip(
                 f"{spec.engine.name} reports neither tokens_per_pass and draft_lengths nor pass_counts with a "
@@ -121,7 +135,7 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
     }
     spec.record({"e2e_speed": figure, "e2e": case.describe()})
     summary = (
-        f"{case.describe()}, K={speed.k}, {len(speed.rounds)} rounds on {OWN_CLOCK.name}: speedup "
+        f"{case.describe()}, K={speed.k}, {len(speed.rounds)} rounds on {clock.name}: speedup "
         f"{speed.median('measured'):.3f}x measured [{low:.3f}, {high:.3f}], {speed.median('predicted'):.3f}x predicted "
         f"[{plow:.3f}, {phigh:.3f}]; tokens per pass {np.median(figure['tokens_per_pass_measured']):.3f} measured, "
         f"{speed.median('expected_tokens_per_pass'):.3f} predicted from the measured acceptance; a pass costs {1e3 * speed.median_pass():.2f} ms by its parts "
@@ -138,13 +152,14 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
     )
 
 
-def pass_totals(record: PassRecord) -> tuple[int, int] | None:
-    """K and the call's target passes, from what the engine reported: per pass (an instrumented loop: the
-    longest draft is K), or as counters with a fixed K (passes with drafts and the drafts they verified, as
-    vLLM counts them); None when it reported neither."""
+def pass_totals(record: PassRecord, first_token: str = "drafted") -> tuple[int, int] | None:
+    """K and the call's target passes after the prompts', from what the engine reported: per pass (an
+    instrumented loop: the longest draft is K; a ``prefill`` engine's prompt pass left out, as its counters
+    leave it out), or as counters with a fixed K (passes with drafts and the drafts they verified, as vLLM
+    counts them); None when it reported neither."""
     if record.tokens_per_pass is not None and record.draft_lengths is not None:
         k = max(max(row, default=0) for row in record.draft_lengths)
-        return k, sum(record.passes or [len(row) for row in record.tokens_per_pass])
+        return k, sum(len(drafting_passes(row, first_token)) for row in record.tokens_per_pass)
     counts = record.counts
     if counts and counts["passes"] and counts["draft_tokens"] % counts["passes"] == 0:
         return counts["draft_tokens"] // counts["passes"], counts["passes"]
@@ -155,19 +170,26 @@ def _fmt(value: float | None) -> str:
     return "none (never pays)" if value is None else f"{value:.3f}"
 
 
-def _timed_spec(spec: EngineRun, run, prompts: int):
-    started = OWN_CLOCK()
+def engine_clock(engine: object) -> Callable[[], float]:
+    """The clock an engine's speed is measured on: its own (``spectest_clock``: an engine in a process of
+    its own brings its process's CPU time) or this thread's own time (:data:`OWN_CLOCK`)."""
+    clock = getattr(engine, "spectest_clock", None)
+    return clock if callable(clock) else OWN_CLOCK
+
+
+def _timed_spec(spec: EngineRun, run, prompts: int, clock: Callable[[], float]):
+    started = clock()
     outputs = run()
-    seconds = OWN_CLOCK() - started
+    seconds = clock() - started
     return seconds, outputs, spec.pass_record(prompts)
 
 
-def fixed_costs(spec: EngineRun, prompt: list[list[int]], params) -> dict[str, float]:
+def fixed_costs(spec: EngineRun, prompt: list[list[int]], params, clock: Callable[[], float]) -> dict[str, float]:
     """A plain step (the cost of PLAIN_STEPS more tokens in plain decoding, per token), and the fixed
     cost of a request with and without speculation (a 1-token request, less one plain step), timed
     through the engine itself on one prompt: none of it the round's own decoding."""
-    one = median_time(lambda: spec.plain_generate(prompt, params, 1, 0))
-    many = median_time(lambda: spec.plain_generate(prompt, params, 1 + PLAIN_STEPS, 0))
-    spec_one = median_time(lambda: spec.generate(prompt, params, 1, 0))
+    one = median_time(lambda: spec.plain_generate(prompt, params, 1, 0), clock=clock)
+    many = median_time(lambda: spec.plain_generate(prompt, params, 1 + PLAIN_STEPS, 0), clock=clock)
+    spec_one = median_time(lambda: spec.generate(prompt, params, 1, 0), clock=clock)
     step = max(1e-9, (many - one) / PLAIN_STEPS)
     return {"plain_step": step, "plain_fixed": max(0.0, one - step), "spec_fixed": max(0.0, spec_one - step)}

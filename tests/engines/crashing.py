@@ -37,12 +37,21 @@ def build(fault: str, from_call: int):
 
         def target_logits(self, sequences):
             if fault == "busy":  # CPU work in the engine's own process, which the harness's clock must see
-                started = time.process_time()
-                while time.process_time() - started < 0.5:
-                    pass
+                _burn(0.5)
             return super().target_logits(sequences)
 
-    return Faulty()
+    class Busy(Faulty):
+        def spectest_components(self, context, params):
+            """One pass's parts, each a known CPU cost in this process (which the harness must time here)."""
+            return {"draft": lambda: _burn(0.2), "target": lambda: _burn(0.1), "verify": lambda: None}
+
+    return Busy() if fault == "busy" else Faulty()
+
+
+def _burn(seconds: float) -> None:
+    started = time.process_time()
+    while time.process_time() - started < seconds:
+        pass
 
 
 def _build(**options):

@@ -16,7 +16,9 @@ the speed properties must not:
 
 ``transformers_assisted_counted`` and ``target_thrice_counted`` are ``transformers-assisted`` and
 ``target_thrice_per_pass`` reporting their passes only as vLLM's counters do (``pass_counts``: passes and
-K drafts each, nothing per pass), so the speed property is held to what a real engine reports too.
+K drafts each, nothing per pass), and running in a process of their own (:mod:`spectest.e2e.isolated`,
+their parts timed there, on its CPU clock): the speed property is held to what a real engine reports,
+where a real engine runs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import torch
 import transformers.generation.utils as generation_utils
 
 from spectest import rules as R
-from spectest.e2e.engines.transformers_loops import TRANSFORMERS_ASSISTED
+from spectest.e2e.engines.transformers_loops import TRANSFORMERS_ASSISTED, TransformersAssisted
+from spectest.e2e.isolated import IsolatedWithDraft
 
 # The patching helpers of the known-buggy engines beside this file (loaded by path: this file is
 # resolved by path too, from any directory).
@@ -94,10 +97,26 @@ class CountedLikeVllm:
         return outputs
 
 
+def build_counted(*, thrice: bool) -> CountedLikeVllm:
+    """The engine in the child: torch on one thread (the child's clock counts every thread's CPU)."""
+    torch.set_num_threads(1)
+    return CountedLikeVllm(TargetThricePerPass(target_layers=8) if thrice else TRANSFORMERS_ASSISTED)
+
+
+class InItsOwnProcess(IsolatedWithDraft):
+    """A counted loop in a child process, declared as ``transformers-assisted`` is."""
+
+    spectest_engine_capabilities = TransformersAssisted.spectest_engine_capabilities
+    spectest_draft_warps = TransformersAssisted.spectest_draft_warps
+
+    def __init__(self, name: str, *, thrice: bool) -> None:
+        super().__init__(name, f"{__file__}:build_counted", {"thrice": thrice})
+
+
 keeps_one_token_per_pass = KeepsOneTokenPerPass()
 target_thrice_per_pass = TargetThricePerPass(target_layers=8)
-transformers_assisted_counted = CountedLikeVllm(TRANSFORMERS_ASSISTED)
-target_thrice_counted = CountedLikeVllm(TargetThricePerPass(target_layers=8))
+transformers_assisted_counted = InItsOwnProcess("transformers_assisted_counted", thrice=False)
+target_thrice_counted = InItsOwnProcess("target_thrice_counted", thrice=True)
 
 TOKENS = "test_tokens_per_pass_follow_the_engines_acceptance"
 SPEED = "test_engine_speedup_follows_its_model"

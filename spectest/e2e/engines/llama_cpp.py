@@ -18,9 +18,17 @@ seed and its row) and explicit ``temp``, ``top_k``, ``top_p``, ``min_p`` (overri
 Declared as its source has it (``llama_cpp/llama.py``, ``_init_sampler``): top-k, top-p, min-p on the
 untempered logits, then temperature; greedy is the sampler chain's ``greedy`` (the lowest id on ties);
 ``seeded`` (a fresh sampler seeded by ``set_seed`` per request). It samples the target and keeps a draft
-while it equals the sample: not ``standard-rejection``, and its drafts are greedy (no draft
-distribution to model), so neither engine exposes ``draft_logits``. Teacher forcing runs the checkpoint in
-transformers. The engine runs in a child process (:mod:`spectest.e2e.isolated`).
+while it equals the sample: not ``standard-rejection``. The GGUF draft proposes its argmax
+(``spectest_draft_sampling = "greedy"``: q is a point mass, whose logits come from teacher forcing the draft
+checkpoint), so ``llama-cpp-draft`` exposes ``draft_logits``; a looked-up draft has no distribution.
+Teacher forcing runs the checkpoints in transformers. The engine runs in a child process
+(:mod:`spectest.e2e.isolated`).
+
+Passes come from the plug-in point llama-cpp-python offers: ``Llama.generate`` calls its draft model
+once per target pass after the prompt's (which samples the first token: ``prefill``), with the sequence
+so far, so a counting wrapper around the draft model (:func:`counted`) gives each request's passes, the
+tokens each emitted and the drafts each verified. ``llama-cpp-draft`` times one pass's parts for the speed
+property on fresh objects of the same GGUFs (:func:`pass_components`).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
-from spectest.e2e.isolated import IsolatedWithPlain
+from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
 from spectest.e2e.protocol import SEEDED
 
 K = 4
@@ -122,6 +130,59 @@ def gguf_draft(path: Path, k: int) -> Any:
     return GGUFDraft()
 
 
+def counted(proposer: Any) -> Any:
+    """``proposer`` (any ``LlamaDraftModel``) noting each call: the length of the sequence it drafts after
+    and how many drafts ``Llama.generate`` keeps (it cuts them at the context's end). ``Llama.generate``
+    calls its draft model once per target pass after the prompt's, so the calls are the passes: counted at
+    the plug-in point llama-cpp-python offers, the engine's loop untouched."""
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    class Counted(LlamaDraftModel):
+        def __init__(self) -> None:
+            self.calls: list[tuple[int, int]] = []
+
+        def __call__(self, input_ids, /, **kwargs):
+            proposed = proposer(input_ids, **kwargs)
+            self.calls.append((len(input_ids), min(len(proposed), CONTEXT - len(input_ids))))
+            return proposed
+
+    return Counted()
+
+
+def passes_from_calls(calls: list[tuple[int, int]], prompt: int, emitted: int) -> tuple[list[int], list[int]]:
+    """(tokens per pass, drafts per pass) of one request from its draft model's calls (sequence length,
+    drafts kept). The prompt's pass samples the first token with no drafts (``prefill``); each call starts
+    a pass that emits the tokens up to the next call's sequence, the last one up to the output's end. The
+    last pass's last token ends the output, not a trial (see :func:`mlx_lm.passes_from_flags`): reported
+    as that pass's bonus."""
+    if emitted == 0:
+        return [], []
+    tokens, drafts = [1], [0]
+    starts = [length - prompt for length, _ in calls] + [emitted]
+    for i, (_, kept) in enumerate(calls):
+        tokens.append(starts[i + 1] - starts[i])
+        drafts.append(kept)
+    if sum(tokens) != emitted or min(tokens) < 1:
+        raise RuntimeError(
+            f"llama.cpp's draft calls {calls} do not tile {emitted} tokens after a {prompt}-token prompt"
+        )
+    drafts[-1] = min(drafts[-1], tokens[-1] - 1)
+    return tokens, drafts
+
+
+def sampling(params: Any, row: int) -> dict[str, Any]:
+    """``Llama.generate``'s sampling keywords for one request (greedy: ``temp=0``, filters off)."""
+    temperature = float(params.temperature[row])
+    sampled = temperature > 0
+    return {
+        "temp": temperature if sampled else 0.0,
+        "top_k": int(params.top_k[row]) if sampled else 0,
+        "top_p": float(params.top_p[row]) if sampled else 1.0,
+        "min_p": float(params.min_p[row]) if sampled else 0.0,
+        "repeat_penalty": 1.0,
+    }
+
+
 class LlamaCppEngine(TeacherForcedLogits):
     """The engine inside the child process."""
 
@@ -134,47 +195,125 @@ class LlamaCppEngine(TeacherForcedLogits):
         folders = tiny_pair.converted(self.pair, "gguf", "llama-cpp-python", to_gguf)
         self.vocab_size = tiny_pair.VOCAB
         self.teacher = tiny_pair.TeacherForcing(self.pair)
-        proposer = None
+        self.k, self.draft = k, draft
+        self.draft_gguf = folders / "draft" / "model.gguf"
+        self.proposer: Any = None
         if draft == "gguf":
-            proposer = gguf_draft(folders / "draft" / "model.gguf", k)
+            self.proposer = counted(gguf_draft(self.draft_gguf, k))
         elif draft == "prompt-lookup":
-            proposer = LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k)
+            self.proposer = counted(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k))
         self.target_gguf = folders / "target" / "model.gguf"
-        self.llm = _llama(self.target_gguf, proposer)
-        self._plain: Any = None if proposer else self.llm
+        self.llm = _llama(self.target_gguf, self.proposer)
+        self._plain: Any = None if self.proposer else self.llm
+        self.passes = self.tokens_per_pass = self.draft_lengths = None
         if self.llm.n_vocab() != self.vocab_size:
             raise RuntimeError(f"the GGUF holds {self.llm.n_vocab()} tokens, the pair {self.vocab_size}")
 
     def _run(self, llm: Any, prompts, params, max_new_tokens, seed) -> list[list[int]]:
         from spectest.e2e.engines.tiny_pair import request_seed
 
-        outputs = []
+        outputs, tokens_per_pass, draft_lengths = [], [], []
+        proposer = llm.draft_model
         for row, prompt in enumerate(prompts):
             llm.set_seed(request_seed(params, row, seed))
-            temperature = float(params.temperature[row])
-            sampled = temperature > 0
+            if proposer is not None:
+                proposer.calls.clear()
             tokens = []
-            for token in llm.generate(
-                list(prompt),
-                temp=temperature if sampled else 0.0,
-                top_k=int(params.top_k[row]) if sampled else 0,
-                top_p=float(params.top_p[row]) if sampled else 1.0,
-                min_p=float(params.min_p[row]) if sampled else 0.0,
-                repeat_penalty=1.0,
-            ):
+            for token in llm.generate(list(prompt), **sampling(params, row)):
                 tokens.append(int(token))
                 if len(tokens) == max_new_tokens:
                     break
             outputs.append(tokens)
+            if proposer is not None:
+                emitted, drafted = passes_from_calls(proposer.calls, len(prompt), len(tokens))
+                tokens_per_pass.append(emitted)
+                draft_lengths.append(drafted)
+        if proposer is not None:
+            self.tokens_per_pass, self.draft_lengths = tokens_per_pass, draft_lengths
+            self.passes = [len(row) for row in tokens_per_pass]
         return outputs
 
     def generate(self, prompts, params, max_new_tokens, seed):
         return self._run(self.llm, prompts, params, max_new_tokens, seed)
 
+    @property
+    def spectest_components(self) -> Any:
+        """One pass's parts for the speed property (:func:`pass_components`): the GGUF draft's only (a
+        looked-up draft is not a model's to time, and has no distribution to predict passes from)."""
+        if self.draft != "gguf":
+            raise AttributeError("only llama-cpp-draft times its parts")
+        return lambda context, params: pass_components(self, context, params)
+
     def plain_generate(self, prompts, params, max_new_tokens, seed):
         if self._plain is None:
             self._plain = _llama(self.target_gguf)
         return self._run(self._plain, prompts, params, max_new_tokens, seed)
+
+
+def pass_components(engine: LlamaCppEngine, context: list[int], params: Any) -> dict[str, Any]:
+    """One pass of ``Llama.generate`` with a draft model, part by part, on a fresh ``Llama`` of the same
+    GGUF and settings and a fresh GGUF draft (the engine's own objects keep their caches for its requests):
+    the draft's call (K greedy tokens after the context, as the loop calls it), the target's ``eval`` of
+    K + 1 new positions on a cache of the context, the verification (sampling the K + 1 rows with the first
+    request's sampler chain, as ``generate`` builds it, and comparing them with the drafts), and the target
+    over one position with its sampling (a plain step less the loop's own work). Sampling reads the last
+    ``eval``'s rows, so ``verify`` follows ``target``, as the harness times them; each part rolls the
+    target's cache back as the loop does after a rejection. The verification samples all K + 1 rows, where
+    the loop stops at the first mismatch: the model's pass is never cheaper than the engine's."""
+    import numpy as np
+
+    k = engine.k
+    target, proposer = _llama(engine.target_gguf), gguf_draft(engine.draft_gguf, k)
+    settings = sampling(params, 0)
+    target._sampler = target._init_sampler(  # what generate() builds for a request, with its defaults
+        **settings,
+        typical_p=1.0,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        tfs_z=1.0,
+        mirostat_mode=0,
+        mirostat_tau=5.0,
+        mirostat_eta=0.1,
+        penalize_nl=True,
+        logits_processor=None,
+        grammar=None,
+    )
+    target.eval(list(context))
+    base = target.n_tokens
+    chosen = np.random.default_rng(len(context)).integers(0, engine.vocab_size, k + 1).tolist()
+    drafts = proposer(np.array([*context, chosen[0]], dtype=np.intc)).tolist()
+    state = {"rows": 0}
+
+    def rewind() -> None:
+        target.n_tokens = base
+        target._ctx.kv_cache_seq_rm(-1, base, -1)
+
+    def drafting() -> None:
+        proposer(np.array([*context, chosen[0]], dtype=np.intc))
+
+    def target_pass() -> None:
+        target.eval([chosen[0], *drafts])
+        state["rows"] = len(drafts) + 1
+        rewind()
+
+    def verify() -> None:
+        rows = state["rows"]
+        if rows != k + 1:
+            raise RuntimeError("llama.cpp's verify part samples the rows of its target part: time target first")
+        sampled = [target._sampler.sample(target._ctx, j - rows) for j in range(rows)]
+        kept = 0
+        for drafted, token in zip(drafts, sampled, strict=False):
+            if drafted != token:
+                break
+            kept += 1
+
+    def target_step() -> None:
+        target.eval(chosen[:1])
+        state["rows"] = 1
+        target._sampler.sample(target._ctx, -1)
+        rewind()
+
+    return {"draft": drafting, "target": target_pass, "verify": verify, "target_step": target_step}
 
 
 def build(**options: Any) -> LlamaCppEngine:
@@ -186,6 +325,7 @@ class LlamaCpp(IsolatedWithPlain):
 
     spectest_engine_capabilities = frozenset({SEEDED})
     spectest_filter_order = ORDER
+    spectest_first_token = "prefill"  # the prompt's pass samples the first token; the draft model is called after it
 
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, f"{__name__}:build", options)
@@ -195,6 +335,12 @@ class LlamaCpp(IsolatedWithPlain):
         return unavailable()
 
 
-LLAMA_CPP_DRAFT = LlamaCpp("llama-cpp-draft", draft="gguf")
+class LlamaCppWithDraftModel(LlamaCpp, IsolatedWithDraft):
+    """A second GGUF drafting greedily: its logits (by teacher forcing) give the draft's point mass."""
+
+    spectest_draft_sampling = "greedy"
+
+
+LLAMA_CPP_DRAFT = LlamaCppWithDraftModel("llama-cpp-draft", draft="gguf")
 LLAMA_CPP_PROMPT_LOOKUP = LlamaCpp("llama-cpp-prompt-lookup", draft="prompt-lookup")
 LLAMA_CPP_OFF = LlamaCpp("llama-cpp-off", draft=None)  # the control: no draft model

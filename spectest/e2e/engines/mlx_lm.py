@@ -15,7 +15,8 @@ position and keeps a draft while it equals the target's sample (exact, but it ac
 than sum min(p', q')): the tokens-per-pass property measures its acceptance efficiency and says so.
 
 Passes come from the engine itself: each token it yields says whether it came from the draft, and a pass
-drafts ``min(tokens left, 4)``. Compilation is off (``mx.disable_compile()``, documented): on the CPU, MLX
+drafts ``min(tokens left, 4)``. For the speed property the engine times one pass's parts with its own
+models, caches and sampler (:func:`pass_components`), in its process. Compilation is off (``mx.disable_compile()``, documented): on the CPU, MLX
 compiles each fused kernel with the system's C++ compiler for every new shape, thousands in a default run
 (about half an hour on 2 cores before its disk cache is warm); the operations and their results are the
 same, so the sampling is. The engine runs in a child process (:mod:`spectest.e2e.isolated`).
@@ -27,7 +28,7 @@ import importlib.util
 from typing import Any
 
 from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
-from spectest.e2e.isolated import IsolatedWithDraft
+from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import SEEDED
 
 K = 4
@@ -132,6 +133,73 @@ class MLXEngine(TeacherForcedLogits):
     def plain_generate(self, prompts, params, max_new_tokens, seed):
         return self._run(prompts, params, max_new_tokens, seed, draft=False)
 
+    @property
+    def spectest_components(self) -> Any:
+        """One pass's parts for the speed property (:func:`pass_components`); none without a draft."""
+        if self.draft is None:
+            raise AttributeError("mlx-lm without a draft has no speculative pass")
+        return lambda context, params: pass_components(self, context, params)
+
+
+def pass_components(engine: MLXEngine, context: list[int], params: Any) -> dict[str, Any]:
+    """One pass of ``speculative_generate_step``, part by part, with the models, caches and sampler it
+    uses, at ``context`` with the first request's sampler (both caches filled with the context first):
+    the draft's K steps (one position each, sampled, as its ``_draft_generate`` runs them), the target's
+    forward over K + 1 new positions, the verification (the K + 1 rows' log-softmax and sampling, the
+    comparison with the drafts), and the target over one position with its sampling (what a plain step
+    costs besides ``generate_step``'s loop). Each part undoes its cache entries, as the loop's rewind
+    does. None decodes anything the speed property measures (MLX's global key draws what it draws;
+    every timed request reseeds it)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    k, target, draft = engine.k, engine.target, engine.draft
+    sampler = engine._sampler(params, 0)
+    target_cache, draft_cache = make_prompt_cache(target), make_prompt_cache(draft)
+    ids = mx.array(list(context), dtype=mx.uint32)
+    for model, cache in ((target, target_cache), (draft, draft_cache)):
+        model(ids[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    chosen = np.random.default_rng(len(context)).integers(0, engine.vocab_size, k + 1)
+    new = mx.array(chosen.tolist(), dtype=mx.uint32)
+    proposed = chosen[:k].tolist()
+
+    def sample(logits: Any) -> Any:
+        return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+    def drafting() -> None:
+        y, drafts = new[:1], []
+        for _ in range(k):
+            y = sample(draft(y[None], cache=draft_cache)[:, -1, :])
+            mx.async_eval(y)
+            drafts.append(y)
+        mx.eval(mx.concatenate(drafts))
+        trim_prompt_cache(draft_cache, k)
+
+    logits = target(new[None], cache=target_cache)
+    mx.eval(logits)
+    trim_prompt_cache(target_cache, k + 1)
+
+    def target_pass() -> None:
+        mx.eval(target(new[None], cache=target_cache))
+        trim_prompt_cache(target_cache, k + 1)
+
+    def verify() -> None:
+        tokens = sample(logits.squeeze(0))
+        mx.eval(tokens)
+        kept = 0
+        for drafted, sampled in zip(proposed, tokens.tolist(), strict=False):
+            if drafted != sampled:
+                break
+            kept += 1
+
+    def target_step() -> None:
+        mx.eval(sample(target(new[None, :1], cache=target_cache)[:, -1, :]))
+        trim_prompt_cache(target_cache, 1)
+
+    return {"draft": drafting, "target": target_pass, "verify": verify, "target_step": target_step}
+
 
 def build(**options: Any) -> MLXEngine:
     return MLXEngine(**options)
@@ -145,6 +213,10 @@ class MLXLM(IsolatedWithDraft):
 
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, f"{__name__}:build", options)
+
+    @property
+    def spectest_components_unavailable(self) -> str | None:
+        return None if self.options.get("speculation", True) else SPECULATION_OFF
 
     @property
     def spectest_unavailable(self) -> str | None:

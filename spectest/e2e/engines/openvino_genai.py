@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
-from spectest.e2e.isolated import IsolatedWithDraft
+from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED
 
 K = 4
@@ -162,6 +162,16 @@ class OpenVINOGenAI(IsolatedWithDraft):
 
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, f"{__name__}:build", options)
+
+    @property
+    def spectest_components_unavailable(self) -> str:
+        if not self.options.get("speculation", True):
+            return SPECULATION_OFF
+        return (
+            "OpenVINO GenAI runs a whole generation in one C++ call (continuous batching over paged attention): no "
+            "API runs one pass's drafting, target pass or verification alone, and a model compiled apart would time "
+            "other kernels"
+        )
 
     @property
     def spectest_unavailable(self) -> str | None:

@@ -151,6 +151,10 @@ def build(**options: Any) -> VLLMEngine:
 
 class _Declared:
     spectest_filter_order = ORDER
+    spectest_components_unavailable = (
+        "vLLM drafts, runs the target and rejection-samples inside its model runner's step, on batches its "
+        "scheduler builds: no API runs one of them alone"
+    )
     spectest_first_token = "prefill"  # V1: the prompt's pass samples the first token, drafts start after it
     # "min_p ... not yet supported with speculative decoding": vLLM refuses the request, and says so.
     spectest_sampling_params = ("temperature", "top_k", "top_p")
