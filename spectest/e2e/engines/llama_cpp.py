@@ -298,7 +298,7 @@ def pass_components(engine: LlamaCppEngine, context: list[int], params: Any) -> 
 
     def verify() -> None:
         rows = state["rows"]
-        if rows != k + 1:
+        if rows != len(drafts) + 1:
             raise RuntimeError("llama.cpp's verify part samples the rows of its target part: time target first")
         sampled = [target._sampler.sample(target._ctx, j - rows) for j in range(rows)]
         kept = 0
