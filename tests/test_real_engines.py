@@ -133,3 +133,5 @@ def test_a_real_engines_speedup_follows_its_model(family, tmp_path):
     assert outcome.outcome == "passed" or noisy, run.explain(engine, SPEED, limit=3000)
     figures = [f["e2e_speed"] for f in run.document["figures"] if f.get("model") == engine and "e2e_speed" in f]
     assert noisy or (figures and figures[0]["rounds"] >= 1 and figures[0]["k"] == 4), run.output[-3000:]
+    if figures:  # timed on the engine's process, and the verdict's power stated
+        assert "process" in figures[0]["clock"] and figures[0]["sign_test"]["power"] > 0.9, figures[0]

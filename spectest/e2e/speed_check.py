@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from spectest.e2e.protocol import PassRecord
     from spectest.e2e.run import EngineRun
 
+SHORT_RATE = 0.95  # the alternative the speed property's power is stated against: rounds short 19 times in 20
 PLAIN_STEPS = 8  # a plain step's cost: (plain_generate of 1 + PLAIN_STEPS tokens - of 1 token) / PLAIN_STEPS
 
 
@@ -132,6 +133,9 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
         "optimal_k": best[0],
         "optimal_speedup": best[1],
         "acceptance_by_position": {str(t): float(np.mean(v)) for t, v in sorted(acceptance_at.items())},
+        "clock": clock.name,
+        # the plan, and its power against an engine whose rounds fall short 19 times in 20 (a wasteful loop)
+        "sign_test": {"rounds": test.rounds, "needed": test.needed, "power": test.power(SHORT_RATE)},
     }
     spec.record({"e2e_speed": figure, "e2e": case.describe()})
     summary = (

@@ -57,6 +57,17 @@ def speed_lines(session: SpecSession) -> list[str]:
     return lines
 
 
+def _speed_plan(speed: dict) -> str:
+    """The clock and the sign test's plan and power, where the figure has them."""
+    plan = speed.get("sign_test")
+    if not plan:
+        return ""
+    return (
+        f"; on {speed.get('clock', 'the own clock')}, failing at {plan['needed']} of {plan['rounds']} rounds short "
+        f"(power {plan['power']:.2f} against rounds short 19 times in 20)"
+    )
+
+
 def e2e_lines(session: SpecSession) -> list[str]:
     """End to end: what each engine's output checks could detect, and its speed against its model."""
     lines = []
@@ -76,7 +87,7 @@ def e2e_lines(session: SpecSession) -> list[str]:
                 f"{1e3 * statistics.median(speed['unexplained_per_pass_s']):.2f} ms per pass unexplained; break-even "
                 f"acceptance {'never (a pass costs more than K + 1 plain steps)' if even is None else format(even, '.3f')}; "
                 f"optimal K {speed.get('optimal_k') or 'none (no K beats plain decoding)'}; acceptance by position "
-                f"{by_position}"
+                f"{by_position}{_speed_plan(speed)}"
             )
         if record.get("acceptance_by_position"):
             values = list(record["acceptance_by_position"].values())
