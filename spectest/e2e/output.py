@@ -100,6 +100,10 @@ class Scored:
         """[M] sum_x min(p_t, q_t): the chance a draft from ``q`` [M, V] is accepted at each token's prefix."""
         return torch.minimum(self.probs, q).sum(dim=-1)
 
+    def token_match(self, q: torch.Tensor) -> torch.Tensor:
+        """[M] sum_x p_t(x) q_t(x): the chance a draft from ``q`` equals the target's own sample (token match)."""
+        return (self.probs * q).sum(dim=-1).clamp(0, 1)
+
 
 def score(spec: EngineRun, reqs: Requests, outputs: list[list[int]]) -> Scored:
     """Teacher-forced target logits along prompt + output, and the processed target at each new token."""

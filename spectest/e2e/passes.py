@@ -122,7 +122,7 @@ def check_acceptance(spec: EngineRun, case: EngineCase) -> None:
         tokens += len(scored.tokens)
         trial_count += len(index)
         if efficiency is not None:
-            match = (scored.probs * q).sum(dim=-1).clamp(0, 1).numpy()
+            match = scored.token_match(q).numpy()
             efficiency.add(accepted, acceptance[index], match[index])
             continue
         if checks is None:  # groups fixed by the engine's K, seen in the first call (never by an outcome)

@@ -12,6 +12,7 @@ import torch
 from spectest import rules
 from spectest.e2e.cases import EngineCase
 from spectest.e2e.output import draft_rows, score
+from spectest.e2e.pass_counts import realized_acceptance
 from spectest.e2e.passes import drafting_passes
 from spectest.e2e.protocol import TOKEN_WISE
 from spectest.e2e.speed import PARTS, EngineRound, EngineSpeed, median_time, time_parts, timed
@@ -39,15 +40,10 @@ def expected_tokens_per_pass(spec: EngineRun, reqs, outputs, k: int, by_position
     scored = score(spec, reqs, outputs)
     q = draft_rows(spec, scored)
     token_wise = TOKEN_WISE in spec.engine.capabilities
-    acceptance = scored.acceptance(q).numpy() if token_wise else (scored.probs * q).sum(dim=-1).clamp(0, 1).numpy()
+    acceptance = (scored.acceptance(q) if token_wise else scored.token_match(q)).numpy()
     for t in np.unique(scored.position):
         by_position.setdefault(int(t), []).extend(acceptance[scored.position == t].tolist())
-    rows = torch.arange(len(scored.tokens))
-    drafted = q[rows, scored.tokens]
-    if token_wise:
-        own = scored.probs[rows, scored.tokens]
-        drafted = torch.minimum(own, drafted) / own.clamp_min(1e-300)
-    realized = drafted.clamp(0, 1).numpy()
+    realized = realized_acceptance(scored, q, token_wise)
     # An engine whose prompt pass samples the first token (``prefill``) counts the passes after it; a
     # 1-token request's fixed cost holds the prompt's pass.
     skip = 1 if spec.engine.first_token == "prefill" else 0

@@ -197,14 +197,14 @@ class LlamaCppEngine(TeacherForcedLogits):
         self.teacher = tiny_pair.TeacherForcing(self.pair)
         self.k, self.draft = k, draft
         self.draft_gguf = folders / "draft" / "model.gguf"
-        self.proposer: Any = None
+        proposer = None  # counted: _run reads its calls through self.llm.draft_model
         if draft == "gguf":
-            self.proposer = counted(gguf_draft(self.draft_gguf, k))
+            proposer = counted(gguf_draft(self.draft_gguf, k))
         elif draft == "prompt-lookup":
-            self.proposer = counted(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k))
+            proposer = counted(LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k))
         self.target_gguf = folders / "target" / "model.gguf"
-        self.llm = _llama(self.target_gguf, self.proposer)
-        self._plain: Any = None if self.proposer else self.llm
+        self.llm = _llama(self.target_gguf, proposer)
+        self._plain: Any = None if proposer else self.llm
         self.passes = self.tokens_per_pass = self.draft_lengths = None
         if self.llm.n_vocab() != self.vocab_size:
             raise RuntimeError(f"the GGUF holds {self.llm.n_vocab()} tokens, the pair {self.vocab_size}")
