@@ -255,6 +255,34 @@ def test_an_engine_that_crashes_aborts_or_hangs_in_its_own_process_fails_only_it
     assert len(run.document["tests"]) == 8 and not run.document["harness_errors"]
 
 
+def test_an_engine_with_a_preload_starts_as_a_fork_of_its_zygote_and_fails_as_a_spawned_one_does():
+    """An engine that names a ``preload`` (vLLM's adapters: its imports are most of its start) starts as a
+    fork of a zygote that ran it once. Its child must still be a child like any other: a segmentation
+    fault names the signal, a hang is killed at the call's limit, and the next call starts a fresh fork
+    of the same zygote, which then works."""
+    from spectest.e2e.isolated import EngineDied, EngineHung, load_factory
+
+    make = load_factory(f"{ENGINES / 'crashing.py'}:Forked")
+    params = SamplingParams.build(1, temperature=[1.0])
+    crashing, hanging = make("forked", fault="segfault", from_call=2), make("forked", fault="hang", from_call=1)
+    try:
+        assert crashing.vocab_size > 0
+        zygote, first = crashing._process.zygote, crashing._process.pid
+        assert zygote.prepare_error is None
+        parent = int(Path(f"/proc/{first}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert parent == zygote.pid, (parent, zygote.pid)  # forked there, not spawned
+        assert len(crashing.generate([[1, 2]], params, 3, 0)[0]) == 3
+        with pytest.raises(EngineDied, match="killed by signal SIGSEGV"):
+            crashing.generate([[1, 2]], params, 3, 0)
+        assert len(crashing.generate([[1, 2]], params, 3, 0)[0]) == 3  # a fresh fork: its first call works
+        assert crashing._process.pid != first and crashing._process.zygote is zygote
+        with pytest.raises(EngineHung, match="within 1 s"):
+            hanging.call("generate", [[1, 2]], params, 3, 0, seconds=1.0)
+    finally:
+        crashing.close()
+        hanging.close()
+
+
 def test_an_isolated_engines_own_cpu_time_counts_as_its_calls():
     """An engine in its own process works while this one waits: the run's clock (which the budget and
     the report's "implementation calls" read) must count the child's CPU, or a slow real engine never

@@ -19,10 +19,16 @@ parts on their own (``spectest_components``) runs them in the child too, each pa
 
 The engine object in the child is built by ``factory(**options)`` (an importable ``module:function``);
 it speaks the engine protocol (:mod:`spectest.e2e.protocol`). Arrays cross the pipe as numpy arrays.
+
+An engine whose imports dominate its start (vLLM: 9-15 s a start, of which building it is about 3) names
+a ``preload`` (``module:function``): its starts are then forks of a zygote that ran it once
+(:mod:`spectest.e2e.zygote`), so a property that crashed the engine restarts it in seconds. A forked child
+fails as a spawned one does: a crash, an abort or a hang is reported the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import importlib.util
@@ -109,6 +115,11 @@ def _serve(connection: Any, factory: str, options: dict[str, Any]) -> None:
                 gc.enable()
 
 
+def _preload(preload: str) -> None:
+    """Run a ``module:function`` preload (in the zygote)."""
+    load_factory(preload)()
+
+
 COMPONENTS, PART = "spectest_components", "spectest_part"  # build one pass's parts; run one of them
 METHODS = ("generate", "plain_generate", "target_logits", "draft_logits", COMPONENTS)
 REPORTED = (
@@ -127,8 +138,12 @@ def _methods(engine: Any) -> list[str]:
 class IsolatedEngine:
     """The proxy the harness calls: the engine protocol, answered by a child process."""
 
-    def __init__(self, name: str, factory: str, options: dict[str, Any] | None = None) -> None:
-        self.name, self.factory, self.options = name, factory, dict(options or {})
+    def __init__(
+        self, name: str, factory: str, options: dict[str, Any] | None = None, *, preload: str | None = None
+    ) -> None:
+        """``preload``: a ``module:function`` that imports what the engine needs, run once in a zygote that
+        every start of this engine forks (see the module's docstring); None: each start is a fresh spawn."""
+        self.name, self.factory, self.options, self.preload = name, factory, dict(options or {}), preload
         self._process: Any = None
         self._connection: Any = None
         self._info: dict[str, Any] | None = None
@@ -137,10 +152,17 @@ class IsolatedEngine:
 
     # -- the child's life --------------------------------------------------------------------------
     def _start(self) -> dict[str, Any]:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, self.factory, self.options), daemon=True)
-        self._process.start()
+        if self.preload is not None:
+            from spectest.e2e.zygote import zygote_for
+
+            parent, child = multiprocessing.Pipe()
+            zygote = zygote_for(self.preload, functools.partial(_preload, self.preload))
+            self._process = zygote.fork(_serve, child, self.factory, self.options)
+        else:
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            self._process = context.Process(target=_serve, args=(child, self.factory, self.options), daemon=True)
+            self._process.start()
         child.close()
         self._connection = parent
         status, payload = self._receive(START_SECONDS, f"starting {self.factory}")

