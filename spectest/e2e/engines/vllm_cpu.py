@@ -50,9 +50,9 @@ def unavailable() -> str | None:
 
 
 def preload() -> None:
-    """What every start of a vLLM engine imports (about 12 of its 20 seconds here), done once in the zygote
-    whose forks the engines start as (:mod:`spectest.e2e.isolated`): after a property crashed vLLM's
-    engine, the next one restarts it without importing vLLM, torch and transformers again."""
+    """What every start of a vLLM engine imports (most of a 9-15 s start here; a fork that skips them starts
+    in 2.8 s), done once in the zygote whose forks the engines start as (:mod:`spectest.e2e.zygote`): after a
+    property crashed vLLM's engine, the next one restarts it without importing vLLM, torch and transformers again."""
     os.environ.update(ENVIRONMENT)
     import vllm  # noqa: F401
     from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: F401  (teacher forcing)
