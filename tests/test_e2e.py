@@ -664,6 +664,45 @@ def test_counters_and_per_pass_records_feed_the_speed_model_alike():
     assert record.tokens_per_pass is None and record.counts is not None, record
 
 
+def test_a_speed_rounds_plain_side_is_its_own_plain_decoding():
+    """The end-to-end speed model predicts the speculative run from its passes' parts and holds it to the
+    round's own plain decoding: a plain step is what the round's tokens cost beyond its 1-token requests,
+    so a 1-token call timed 1 ms long (its median of three caught an interruption) moves the prediction
+    about 1% and a correct round stays within the 10% margin; a loop that runs its target twice more per
+    pass falls short. (The plain side had been modelled from a 9-token call less a 1-token call, over 8:
+    1 ms too much there moved every round's prediction 7%, and a CI machine failed a correct loop so.)"""
+    from spectest.e2e.speed import EngineRound
+    from spectest.speed.bench import SPEED_MARGIN
+
+    ms = 1e-3
+    parts = {"draft": 4 * ms, "target": 0.9 * ms, "verify": 0.2 * ms, "target_step": 0.7 * ms}
+    requests, tokens, tokens_per_pass = 16, 256, 2.0
+    step, plain_fixed, spec_fixed = 0.95 * ms, 2.5 * ms, 2.3 * ms
+    plain_seconds = requests * plain_fixed + tokens * step
+    pass_cost = sum(parts.values()) - parts["target_step"] + (step - parts["target_step"])
+    passes = int(tokens / tokens_per_pass)
+    exact_spec = requests * spec_fixed + passes * pass_cost
+
+    def round_of(spec_seconds: float, plain_one: float = plain_fixed + step) -> EngineRound:
+        costs = {**parts, "plain_one": plain_one, "spec_one": spec_fixed + step}
+        return EngineRound(spec_seconds, plain_seconds, tokens, requests, passes, tokens_per_pass, costs)
+
+    exact = round_of(exact_spec)
+    assert exact.costs["plain_step"] == pytest.approx(step) and exact.costs["loop"] == pytest.approx(0.25 * ms)
+    assert exact.costs["plain_fixed"] == pytest.approx(plain_fixed) and exact.costs["spec_fixed"] == pytest.approx(
+        spec_fixed
+    )
+    assert exact.predicted == pytest.approx(exact.measured) and exact.unexplained_per_pass == pytest.approx(
+        0, abs=1e-12
+    )
+    late = round_of(exact_spec, plain_one=plain_fixed + step + 1 * ms)
+    assert abs(late.predicted / exact.predicted - 1) < 0.015, (late.predicted, exact.predicted)
+    assert not late.measured * SPEED_MARGIN < late.predicted
+    thrice = round_of(exact_spec + passes * 2 * parts["target"])
+    assert thrice.measured * SPEED_MARGIN < thrice.predicted, (thrice.measured, thrice.predicted)
+    assert thrice.unexplained_per_pass == pytest.approx(2 * parts["target"])
+
+
 def _simulated_passes(realized: np.ndarray, k: int, rng: np.random.Generator) -> int:
     """One draw of the pass count along a text, by running the chain: a pass starting at s accepts its
     drafts while they come from accepted drafts (each w.p. r_t), then emits a correction or the bonus."""

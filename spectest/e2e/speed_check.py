@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from spectest.e2e.run import EngineRun
 
 SHORT_RATE = 0.95  # the alternative the speed property's power is stated against: rounds short 19 times in 20
-PLAIN_STEPS = 8  # a plain step's cost: (plain_generate of 1 + PLAIN_STEPS tokens - of 1 token) / PLAIN_STEPS
 
 
 def expected_tokens_per_pass(spec: EngineRun, reqs, outputs, k: int, by_position: dict[int, list[float]]) -> float:
@@ -96,9 +95,7 @@ def check_engine_speed(spec: EngineRun, case: EngineCase) -> None:
             else:
                 t_plain = timed(plain_run, clock)
                 t_spec, outputs, record = _timed_spec(spec, spec_run, len(reqs.prompts), clock)
-            costs = {**time_parts(components, clock=clock), **fixed_costs(spec, prompt, one, clock)}
-            if "target_step" in costs:  # the loop's own work per iteration, as plain decoding shows it
-                costs["loop"] = max(0.0, costs["plain_step"] - costs["target_step"])
+            costs = {**time_parts(components, clock=clock), **one_token_requests(spec, prompt, one, clock)}
         totals = pass_totals(record, spec.engine.first_token)
         if totals is None:
             pytest.skip(
@@ -184,12 +181,13 @@ def _timed_spec(spec: EngineRun, run, prompts: int, clock: Callable[[], float]):
     return seconds, outputs, spec.pass_record(prompts)
 
 
-def fixed_costs(spec: EngineRun, prompt: list[list[int]], params, clock: Callable[[], float]) -> dict[str, float]:
-    """A plain step (the cost of PLAIN_STEPS more tokens in plain decoding, per token), and the fixed
-    cost of a request with and without speculation (a 1-token request, less one plain step), timed
-    through the engine itself on one prompt: none of it the round's own decoding."""
-    one = median_time(lambda: spec.plain_generate(prompt, params, 1, 0), clock=clock)
-    many = median_time(lambda: spec.plain_generate(prompt, params, 1 + PLAIN_STEPS, 0), clock=clock)
-    spec_one = median_time(lambda: spec.generate(prompt, params, 1, 0), clock=clock)
-    step = max(1e-9, (many - one) / PLAIN_STEPS)
-    return {"plain_step": step, "plain_fixed": max(0.0, one - step), "spec_fixed": max(0.0, spec_one - step)}
+def one_token_requests(
+    spec: EngineRun, prompt: list[list[int]], params, clock: Callable[[], float]
+) -> dict[str, float]:
+    """A 1-token request's seconds in plain decoding and with speculation (medians of three), timed
+    through the engine itself on one prompt: with the round's own plain decoding they give a plain
+    step and each request's fixed cost (:class:`spectest.e2e.speed.EngineRound`)."""
+    return {
+        "plain_one": median_time(lambda: spec.plain_generate(prompt, params, 1, 0), clock=clock),
+        "spec_one": median_time(lambda: spec.generate(prompt, params, 1, 0), clock=clock),
+    }
