@@ -82,7 +82,7 @@ class EngineRound:
     costs: dict[str, float]
 
     def __post_init__(self) -> None:
-        costs = self.costs
+        self.costs = costs = dict(self.costs)  # the derived costs are the round's: the caller's dict stays as given
         steps = max(1, self.tokens - self.requests)  # the tokens after each request's first
         costs["plain_step"] = max(1e-9, (self.plain_seconds - self.requests * costs["plain_one"]) / steps)
         costs["plain_fixed"] = max(0.0, costs["plain_one"] - costs["plain_step"])
