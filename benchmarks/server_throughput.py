@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    from spectest.e2e.engines import tiny_pair
+    from spectest.e2e import tiny_pair
 
     pair = tiny_pair.pair(0)
     figures: dict[str, dict] = {}

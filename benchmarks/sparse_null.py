@@ -6,7 +6,7 @@ read it).
 
 Each run draws a regime (V of 32000, 152064 or 256000; 1-4 rows of a language-model-like kind; 100
 to 2000 draws per row), multinomial counts from the rows' exact probabilities, and the p-value of
-each statistic of :mod:`spectest.engine.sparse` on its own (its exact Chernoff bound, before any
+each statistic of :mod:`spectest.statistics.sparse` on its own (its exact Chernoff bound, before any
 split). A valid test rejects at level alpha in at most a share alpha of null runs; the bound is
 conservative, so the measured shares sit below. Exit code 0 only if every share is within alpha
 (plus two binomial standard errors).
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from spectest.cases.toy_models import target_distributions
-from spectest.engine.sparse import STATISTICS, chernoff_log_sf, repeat_probability, sparse_tokens
+from spectest.statistics.sparse import STATISTICS, chernoff_log_sf, repeat_probability, sparse_tokens
 
 VOCABULARIES = (32000, 152064, 256000)
 KINDS = ("lm", "zipf", "dirichlet", "peaky")

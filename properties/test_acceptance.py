@@ -9,7 +9,7 @@ verification on the same inputs (the guarantee of Sun et al. 2024). Other lossle
 less (one that ignores q, say): for them the measured acceptance is reported as an efficiency
 figure, and they fail only if they beat the maximal-coupling bound, which no lossless verifier
 can: P(first j emitted tokens = first j drafts) <= sum over j-token sequences of min(P, Q).
-A lossy model (spectest.engine.tv) is bound by neither: its tokens per call are reported, the
+A lossy model (spectest.statistics.tv) is bound by neither: its tokens per call are reported, the
 speed its loss buys.
 """
 
@@ -30,7 +30,6 @@ from spectest import strategies as sst
 from spectest.cases.tensors import RepeatedBatch, to_tensor
 from spectest.cases.toy_models import markov_pair
 from spectest.protocol import BLOCK_VERIFICATION, PAD
-from spectest.suite.loop import generate
 
 CALLS = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 512))
 BLOCK_CALLS = sst.CaseRanges(batch=(65, 96), k=(1, 4), vocab=(2, 12))  # the block model enumerates V^K drafts
@@ -206,21 +205,7 @@ def test_markov_tokens_per_pass_follow_the_exact_model(spec) -> None:
             labels=[f"context {c}: " for c in range(case.vocab + 1)],
             cell_name=lambda i: f"L={i + 1}",
         )
-        draft_gen, verify_gen = spec.generators(case.seed)
-        while not check.done:
-            sequences = check.next_batch(50_000)
-            run = generate(
-                spec.verify,
-                target,
-                draft,
-                n_sequences=sequences,
-                length=case.length,
-                k=case.k,
-                draft_generator=draft_gen,
-                verify_generator=verify_gen,
-                device=spec.device,
-                dtype=getattr(torch, case.dtype),
-            )
+        for run, sequences in spec.markov_sequences(check, target, draft, case):
             cells = run.pass_contexts * (case.k + 1) + run.tokens_per_pass - 1
             counts = torch.bincount(cells, minlength=exact.size).view(exact.shape)
             check.add(counts.cpu().numpy(), sequences)

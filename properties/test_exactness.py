@@ -24,12 +24,12 @@ from spectest.cases.toy_models import markov_pair
 from spectest.protocol import RAGGED as RAGGED_DRAFTS
 from spectest.protocol import STRIDED
 from spectest.sampling import RepeatedCategorical
-from spectest.suite.loop import generate, sequence_index
+from spectest.suite.loop import sequence_index
 from spectest.suite.positions import check_every_position
 
 POSITIONS = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 1536))
 # Inputs in every layout an engine hands over (models that declare spectest_contiguous_only get contiguous ones).
-MAX_SEQUENCES = 400_000  # per case; the plan asks for fewer (see spectest.engine.checks)
+MAX_SEQUENCES = 400_000  # per case; the plan asks for fewer (see spectest.statistics.checks)
 MAX_CASE_ELEMENTS = 400_000_000  # probabilities handed to the verifier per case, over all calls
 MAX_CALL_ELEMENTS = 8_000_000  # per verify call
 
@@ -50,22 +50,8 @@ def test_sequences_follow_the_target(spec) -> None:
             max_draws=MAX_SEQUENCES,
             cell_name=lambda i: f"sequence {list(map(int, np.unravel_index(i, shape)))}",
         )
-        draft_gen, verify_gen = spec.generators(case.seed)
         passes = 0
-        while not check.done:
-            batch = check.next_batch(50_000)
-            run = generate(
-                spec.verify,
-                target,
-                draft,
-                n_sequences=batch,
-                length=case.length,
-                k=case.k,
-                draft_generator=draft_gen,
-                verify_generator=verify_gen,
-                device=spec.device,
-                dtype=getattr(torch, case.dtype),
-            )
+        for run, batch in spec.markov_sequences(check, target, draft, case):
             passes += run.passes
             counts = torch.bincount(sequence_index(run.tokens, case.vocab), minlength=probs.size)
             check.add(counts.cpu().numpy()[None, :], batch)
@@ -138,14 +124,14 @@ def test_every_row_and_position_is_exact(spec) -> None:
 # Real vocabulary sizes (Llama 2's 32000, Qwen 2's 152064, Gemma's 256000) on rows like a language
 # model's: softmax of Gaussian logits (scale 2 here; "lm" draws 2-4, "zipf" a Zipf tail). Nearly every
 # token is expected far below once, so the pooled cells merge hundreds of neighbours; the identity
-# test that keeps every token its own cell (spectest.engine.sparse) sees mass moved among them.
+# test that keeps every token its own cell (spectest.statistics.sparse) sees mass moved among them.
 # K = 1, one row of each kind: position 0 of the first row mostly rejects its far draft (the residual's
 # sampler), position 1 of the second is an exact draft's bonus (the target's sampler). The generated
 # example draws V = 32000 rows of every kind, language-model-like ones included.
 LARGE_VOCABULARIES = (32000, 152064, 256000)
 LARGE_KINDS = (("lm:2", "far"), ("lm:2", "equal"))
 # Draws of the batch per case: an r-to-1 lumping of the sparse tokens shows as r times their repeats,
-# and repeats grow with the square of the draws (spectest.engine.sparse).
+# and repeats grow with the square of the draws (spectest.statistics.sparse).
 LARGE_DRAWS = {32000: 1500, 152064: 600, 256000: 600}
 # The generated example: V = 32000 rows of the language-model-like kinds at any scale, and others.
 GENERATED_LARGE_KINDS = st.tuples(

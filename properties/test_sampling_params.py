@@ -63,19 +63,26 @@ def test_logits_rows_follow_the_processed_target(spec) -> None:
                 verify_gen,
             )
 
-        check_every_position(
-            spec,
-            inputs.target,
-            inputs.draft,
-            call,
-            seed=case.seed,
-            case=str(case),
-            row_labels=inputs.row_labels(),
-            max_case_elements=MAX_CASE_ELEMENTS,
-            max_call_elements=MAX_CALL_ELEMENTS,
-        )
+        check_positions(spec, case, inputs, call)
 
     spec.given(CASES, body, explicit=[MIXED, ONE_FILTER_EACH])
+
+
+def check_positions(spec, case: sst.LogitsCase, inputs: sst.LogitsInputs, call) -> None:
+    """Every (row, position) of ``call``'s output against the case's processed target, the rows labelled by
+    their parameters: what both ways in (the harness's drafts, the model's own proposals) are held to."""
+    __tracebackhide__ = True
+    check_every_position(
+        spec,
+        inputs.target,
+        inputs.draft,
+        call,
+        seed=case.seed,
+        case=str(case),
+        row_labels=inputs.row_labels(),
+        max_case_elements=MAX_CASE_ELEMENTS,
+        max_call_elements=MAX_CALL_ELEMENTS,
+    )
 
 
 def greedy_expectation(drafts: np.ndarray, argmax: np.ndarray) -> np.ndarray:
@@ -244,17 +251,7 @@ def test_propose_then_verify_is_lossless(spec) -> None:
                 )
             return spec.verify(drafts, reported, repeat_rows(target_probs, reps), verify_gen)
 
-        check_every_position(
-            spec,
-            inputs.target,
-            inputs.draft,
-            call,
-            seed=case.seed,
-            case=str(case),
-            row_labels=inputs.row_labels(),
-            max_case_elements=MAX_CASE_ELEMENTS,
-            max_call_elements=MAX_CALL_ELEMENTS,
-        )
+        check_positions(spec, case, inputs, call)
 
     spec.given(CASES, body, explicit=[MIXED, ONE_FILTER_EACH])
 

@@ -9,7 +9,7 @@ without the acceptance under test; see :mod:`spectest.speed.bench`). Deselect wi
 ``-m "not spec_speed"``.
 
 Verdicts, per point, each a sign test over rounds (distribution-free; see
-:class:`spectest.engine.stats.SignTest`) at the property's share of the run's alpha:
+:class:`spectest.statistics.chisquare.SignTest`) at the property's share of the run's alpha:
 
 * agreement (``rules.SPEEDUP_AGREES``): the measured speedup falls more than SPEED_MARGIN short
   of the speedup the model predicts with the implementation's *own* costs, in most rounds. A
@@ -33,7 +33,6 @@ import pytest
 from spectest.simulators import break_even_acceptance, expected_tokens_iid
 
 from spectest import rules
-from spectest.engine.stats import SignTest
 from spectest.speed.bench import (
     AGREEMENT_MISSES,
     SPEED_MARGIN,
@@ -44,6 +43,7 @@ from spectest.speed.bench import (
     reference_model,
 )
 from spectest.speed.clock import NOISE_LIMIT
+from spectest.statistics.chisquare import SignTest
 
 MIXES = (0.0, 0.4, 0.7, 1.0)  # acceptance about 1.0, 0.77, 0.6, 0.43: both sides of break-even
 # Four rows and 16 passes per chunk: a round's speedup is measured to about 5-10% (one row's 6

@@ -78,7 +78,7 @@ PIT_CHECKS = (
     PIT_BY_RATIO_AT_OFFSET,
 )
 
-# Lossy mode (spectest.engine.tv): these checks compare the output with the target; for a model
+# Lossy mode (spectest.statistics.tv): these checks compare the output with the target; for a model
 # that declares a maximum TV they measure the distance instead of testing exactness.
 OUTPUT_DISTRIBUTIONS = frozenset({JOINT, PER_POSITION, BONUS, PER_NODE, TREE_JOINT})
 WITHIN_MAX_TV = "output stays within the declared maximum TV distance of the target"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 
@@ -10,6 +13,18 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     gen = torch.Generator(device=torch.device(device))
     gen.manual_seed(int(seed) % (2**63))
     return gen
+
+
+@contextlib.contextmanager
+def global_rng_from(generator: torch.Generator) -> Iterator[None]:
+    """Seed torch's global RNG (CPU and the generator's CUDA device) from ``generator`` for the
+    duration, restoring the caller's state afterwards."""
+    device = generator.device
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=device).item())
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        yield
 
 
 def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -218,7 +218,7 @@ class SpecSession:
         if flag == "--spec-engine" and self.concurrency != 16:
             parts += ["--spec-concurrency", str(self.concurrency)]
         if flag == "--spec-engine" and self.reference_url:
-            from spectest.e2e.engines.openai_server import redact
+            from spectest.urls import redact
 
             parts += ["--spec-reference-url", redact(self.reference_url)]
         parts += ["-k", test_name]

@@ -14,8 +14,8 @@ from spectest.simulators.block import block_tokens_per_pass, token_wise_tokens_p
 
 from spectest.cases.toy_models import DRAFT_KINDS, distribution_pairs
 from spectest.cli import main
-from spectest.engine.stats import Group, chisquare_groups
 from spectest.implementations.block import verify
+from spectest.statistics.chisquare import Group, chisquare_groups
 
 LEVEL = 1e-6
 

@@ -1,4 +1,4 @@
-"""Calibration and power of the statistical engine, shown rather than assumed.
+"""Calibration and power of the statistics, shown rather than assumed.
 
 Every rate here is checked by a binomial test sized in advance (``RatePlan``): it fails a correct
 engine with probability at most 1e-4, and misses the shortfall it is sized for with probability
@@ -17,11 +17,11 @@ from scipy import stats
 
 from spectest import strategies as sst
 from spectest.cases.tensors import RepeatedBatch, to_tensor
-from spectest.engine.checks import DistributionCheck, token_id_orders
-from spectest.engine.sequential import MixtureEProcess
-from spectest.engine.stats import Group, chisquare_groups
 from spectest.implementations.reference import verify
 from spectest.sampling import make_generator
+from spectest.statistics.checks import DistributionCheck, token_id_orders
+from spectest.statistics.chisquare import Group, chisquare_groups
+from spectest.statistics.sequential import MixtureEProcess
 
 META_ALPHA = 1e-4  # probability that a calibration test fails a correct engine
 META_BETA = 0.01  # probability that it misses the shortfall it is sized for

@@ -222,7 +222,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "python benchmarks/bench_verifier.py --max-gb 3": (HELP, 0),
     "python benchmarks/feedback_times.py --only main,transformers": (HELP, 0),
     "python benchmarks/profile_domains.py": (HELP, 0),
-    "python benchmarks/bench_engine.py": (HELP, 0),
+    "python benchmarks/bench_statistics.py": (HELP, 0),
 }
 
 
@@ -416,3 +416,16 @@ def test_the_write_a_property_example_runs_through_the_plugin(tmp_path):
     assert run.returncode == 0 and run.results[("reference", "test_emits_at_least_one_token")].outcome == "passed", (
         run.output[-3000:]
     )
+
+
+def test_the_engine_adapters_face_is_exactly_what_the_api_page_lists():
+    """``spectest.engines`` (for ``--spec-engine`` authors) exports exactly the names the API page documents, each
+    importable and none private, so the page and the surface cannot drift apart."""
+    import spectest.engines
+
+    page = (REPO / "docs" / "reference" / "api.md").read_text()
+    block = re.search(r"automodule:: spectest\.engines\n\s+:members: (.*)\n", page)
+    assert block is not None, "docs/reference/api.md documents no spectest.engines"
+    listed = {name.strip() for name in block.group(1).split(",")}
+    assert listed == set(spectest.engines.__all__), listed ^ set(spectest.engines.__all__)
+    assert all(hasattr(spectest.engines, name) and not name.startswith("_") for name in spectest.engines.__all__)

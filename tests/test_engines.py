@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from spectest.engine.checks import DistributionCheck
 from spectest.resolve import resolve_model
+from spectest.statistics.checks import DistributionCheck
 from spectest.suite.run import check_allowance
 from tests.runner_helpers import run_pytest
 
@@ -134,7 +134,7 @@ SGLANG_PARENTS = [-1, 0, 1, 0, 3, 4]
 
 
 def test_sglang_tree_tensors_match_its_published_example():
-    from spectest.implementations.sglang_tree import sglang_tree_tensors
+    from spectest.gpu.sglang_tree import sglang_tree_tensors
 
     index, next_token, next_sibling = sglang_tree_tensors(torch.tensor([SGLANG_PARENTS, SGLANG_PARENTS]))
     assert index.tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
@@ -145,7 +145,7 @@ def test_sglang_tree_tensors_match_its_published_example():
 def test_sglang_outputs_become_path_and_token():
     """The published example's outputs: row 0 accepts nodes 3, 4, 5 and draws 18 at the leaf; row 1
     (flat rows 6..11) accepts its nodes 4 and 5, then 18."""
-    from spectest.implementations.sglang_tree import path_from_sglang
+    from spectest.gpu.sglang_tree import path_from_sglang
 
     path, token = path_from_sglang(
         torch.tensor([[0, 3, 4, 5], [6, 10, 11, -1]], dtype=torch.int32),
@@ -161,7 +161,7 @@ def test_sglang_outputs_become_path_and_token():
 def test_sglang_adapter_round_trip_with_a_stand_in_kernel(monkeypatch):
     """A pure-torch stand-in that keeps the kernel's contract (it reads only SGLang's tree tensors,
     writes only its outputs): on a forced path the adapter returns exactly that path and bonus."""
-    from spectest.implementations import sglang_tree
+    from spectest.gpu import sglang_tree
     from spectest.implementations.tree import verify_tree
     from spectest.protocol import build_model
     from spectest.tree_protocol import call_verify_tree

@@ -30,7 +30,7 @@ FAULTS = textwrap.dedent(
     import os
 
     from spectest.cases import chain
-    from spectest.engine import checks
+    from spectest.statistics import checks
     from spectest.reporting import report, summary
     from spectest.speed import bench
 

@@ -9,8 +9,8 @@ import torch
 
 from spectest.cases.layouts import LAYOUTS, lay_out
 from spectest.cases.tensors import as_given
-from spectest.engine.stats import Group, chisquare_groups
 from spectest.implementations.reference import verify
+from spectest.statistics.chisquare import Group, chisquare_groups
 
 LEVEL = 1e-6
 

@@ -1,6 +1,6 @@
 """Relaxed acceptance and measured TV: the lossy references against their exact model
 (simulators/lossy.py, written apart in numpy), and the calibration of the TV interval
-(spectest.engine.tv) against the exact TV those models give."""
+(spectest.statistics.tv) against the exact TV those models give."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from scipy import stats
 from spectest.simulators.lossy import lossy_chain, relaxed_accepted, typical_accepted
 
 from spectest.cases.toy_models import distribution_pairs
-from spectest.engine.checks import DistributionCheck
-from spectest.engine.stats import Group, chisquare_groups
-from spectest.engine.tv import view_bounds
 from spectest.implementations.lossy import RelaxedTopK, TypicalAcceptance
 from spectest.protocol import build_model
+from spectest.statistics.checks import DistributionCheck
+from spectest.statistics.chisquare import Group, chisquare_groups
+from spectest.statistics.tv import view_bounds
 
 LEVEL = 1e-6
 RULES = {

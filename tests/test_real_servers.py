@@ -42,7 +42,7 @@ ENGINE_RULES = (rules.DOES_NOT_RAISE, rules.FIRST_TOKENS, rules.NEVER_IMPOSSIBLE
 def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_ngram(tmp_path):
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("httpx") is None:
         pytest.skip("vllm (the CPU build) and httpx are not installed here (the vLLM tier of .ci/run has them)")
-    from spectest.e2e.engines import tiny_pair
+    from spectest.e2e import tiny_pair
     from spectest.e2e.engines.vllm_cpu import speculative_config
 
     pair = tiny_pair.pair(0)
@@ -79,7 +79,8 @@ def assert_scores_as_the_checkpoint(url: str, target: str) -> None:
     sequences equal the log-softmax of the checkpoint's float32 logits (within float32 rounding)."""
     import torch
 
-    from spectest.e2e.engines.openai_server import CheckpointScorer, ServerEngine
+    from spectest.e2e.engines.openai_server import ServerEngine
+    from spectest.e2e.scoring import CheckpointScorer
 
     sequences = [[5, 17, 99, 3, 250, 11, 42], [1, 2], list(range(100, 130))]
     served = ServerEngine(f"openai+vllm:{url}", target="server").target_logits(sequences)
@@ -97,7 +98,7 @@ def test_mlx_lm_server_fails_greedy_decoding_with_its_draft_model_and_not_withou
     not yet understood, so only its exact properties are asserted."""
     if importlib.util.find_spec("mlx_lm") is None or importlib.util.find_spec("httpx") is None:
         pytest.skip("mlx-lm and httpx are not installed here (the llama.cpp/MLX-LM tier of .ci/run has them)")
-    from spectest.e2e.engines import tiny_pair
+    from spectest.e2e import tiny_pair
 
     pair = tiny_pair.pair(0)
     greedy = "test_greedy_requests_equal_greedy_decoding"
@@ -133,7 +134,7 @@ def test_llama_server_passes_with_and_without_speculation(tmp_path):
     binary = llama_server_binary()
     if binary is None or importlib.util.find_spec("llama_cpp") is None:
         pytest.skip(f"no llama-server binary ({LLAMA_SERVER_ENV} or PATH) or no llama-cpp-python (to convert GGUF)")
-    from spectest.e2e.engines import tiny_pair
+    from spectest.e2e import tiny_pair
     from spectest.e2e.engines.llama_cpp import to_gguf
 
     pair = tiny_pair.pair(0)

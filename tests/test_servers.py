@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from spectest import rules
-from spectest.e2e.engines.openai_server import PromptText, ServerEngine, ServerError, parse_server_spec, redact
+from spectest.e2e.engines.openai_server import PromptText, ServerEngine, parse_server_spec
+from spectest.e2e.http import ServerError
 from spectest.e2e.protocol import build_engine, call_generate, call_logits
 from spectest.protocol import ContractViolation
 from spectest.resolve import ModelSpecError
 from spectest.sampling_params import SamplingParams
+from spectest.urls import redact
 from tests.engines import http_shim
 from tests.engines.markov import VOCAB
 from tests.runner_helpers import run_pytest
@@ -277,8 +279,8 @@ def test_a_server_that_cannot_score_says_how_to_and_a_failing_scoring_endpoint_i
     """A vLLM server started without ``--max-logprobs -1`` refuses ``prompt_logprobs=-1``: the engine is
     unavailable, saying so; mlx_lm.server cannot score, nor can ``server`` score a draft. A separate scoring
     endpoint that fails mid-run raises a harness-side error naming it, never the engine's failure."""
-    from spectest.e2e.engines.server_scoring import ScorerError
     from spectest.e2e.resolve import resolve_engine
+    from spectest.e2e.scoring import ScorerError
 
     capped = resolve_engine(f"openai+vllm:{shim('caps_logprobs')}", target="server")
     assert "--max-logprobs -1" in capped.unavailable and "max allowed: 20" in capped.unavailable

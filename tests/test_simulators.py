@@ -32,7 +32,7 @@ from spectest.simulators.markov import (
 from spectest.simulators.montecarlo import simulate_iid, simulate_markov, simulate_positions
 
 from spectest.cases.toy_models import markov_pair
-from spectest.engine.stats import Group, chisquare_groups
+from spectest.statistics.chisquare import Group, chisquare_groups
 
 LEVEL = 1e-6
 

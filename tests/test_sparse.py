@@ -1,4 +1,4 @@
-"""The sparse-regime identity test (spectest.engine.sparse): exact bounds, the regime, and what it sees."""
+"""The sparse-regime identity test (spectest.statistics.sparse): exact bounds, the regime, and what it sees."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from spectest.engine.checks import DistributionCheck
-from spectest.engine.sparse import (
+from spectest.statistics.checks import DistributionCheck
+from spectest.statistics.sparse import (
     chernoff_log_sf,
     in_sparse_regime,
     repeat_probability,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from spectest.engine.stats import (
+from spectest.statistics.chisquare import (
     MIN_EXPECTED,
     FitResult,
     Group,

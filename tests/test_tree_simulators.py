@@ -27,8 +27,8 @@ from spectest.simulators.tree import (
 from spectest.cases.toy_models import distribution_pairs, markov_pair
 from spectest.cases.trees import TreeCase, build_tree_model, draft_trees
 from spectest.cli import main
-from spectest.engine.stats import Group, chisquare_groups
 from spectest.implementations.tree import verify_tree
+from spectest.statistics.chisquare import Group, chisquare_groups
 
 LEVEL = 1e-6
 SHAPES = [

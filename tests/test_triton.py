@@ -21,9 +21,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is imported: set it first
 pytest.importorskip("triton")
 
-from spectest.engine.checks import DistributionCheck
 from spectest.protocol import PAD, ContractViolation, Model, call_verify
 from spectest.sampling import RepeatedCategorical, make_generator
+from spectest.statistics.checks import DistributionCheck
 from spectest.suite.positions import reach_probabilities
 
 ROWS, K, V = 1500, 3, 12
@@ -45,7 +45,7 @@ def case() -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_kernel(name: str, rows: int, seed: int) -> np.ndarray:
-    from spectest.implementations import triton as triton_reference
+    from spectest.gpu import triton as triton_reference
 
     kernel = triton_reference.TRITON_REFERENCE if name == "correct" else triton_reference.BROKEN[name]
     target, draft = case()

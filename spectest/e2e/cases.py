@@ -8,7 +8,9 @@ from the run's seed.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -130,6 +132,31 @@ def draw_requests(
         seed=seeds,
     )
     return Requests(prompts, params, int(rng.integers(0, 2**31 - 1)))
+
+
+def crowd_request(
+    rng: np.random.Generator, vocab: int, max_tokens: int, tokens: tuple[int, ...] = (), prefix: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """One unscored request beside the call's own: greedy or sampled, maybe filtered, maybe seeded."""
+    body: dict[str, Any] = {
+        "prompt": draw_prompt(rng, int(rng.integers(1, 9)), vocab, tokens, prefix),
+        "max_tokens": int(max_tokens),
+        "temperature": 0.0 if rng.random() < 0.25 else round(float(rng.uniform(0.3, 2.0)), 3),
+    }
+    kind = int(rng.integers(0, 4))
+    if kind == 1:
+        body["top_p"] = round(float(rng.uniform(0.3, 0.95)), 3)
+    elif kind == 2:
+        body["top_k"] = int(rng.integers(1, max(2, vocab // 8)))
+    if rng.random() < 0.5:
+        body["seed"] = int(rng.integers(0, 2**31 - 1))
+    return body
+
+
+def request_seed(params: SamplingParams, row: int, seed: int) -> int:
+    """A request's own seed, or one derived from the run's seed and its row (as every adapter derives it)."""
+    own = int(params.seed[row])
+    return own if own >= 0 else zlib.crc32(f"{seed}:{row}".encode())
 
 
 def most_random_request(params: SamplingParams) -> int | None:

@@ -6,7 +6,7 @@ over prefix sums stored in bf16, on a 128k vocabulary) leaves them as they were.
 a call carries the same prompt and the same parameters, so their first tokens are independent draws
 from one processed target p: a per-token distribution check over the engine's whole vocabulary, pooled
 by probability and by id, with every token its own cell where most are expected below once
-(:mod:`spectest.engine.sparse`).
+(:mod:`spectest.statistics.sparse`).
 """
 
 from __future__ import annotations

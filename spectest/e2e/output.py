@@ -10,7 +10,7 @@ token's processed target p_t itself (:mod:`spectest.e2e.targets`):
 * statistical: the randomised PIT of every sampled token, by token id and by decreasing
   probability, in equiprobable bins, grouped by position in the generation, and (for an engine
   that reports its passes and verifies token-wise) by offset inside the pass. Each is a
-  distribution check of the statistical engine: planned from ``--spec-tolerance`` at power 0.99,
+  distribution check of the statistics: planned from ``--spec-tolerance`` at power 0.99,
   an anytime-valid early stop, its share of the run's alpha. Fragile positions (a filter's edge
   within the ambiguity) are left out of the PIT, decided from p_t alone, before the token.
 """
@@ -44,7 +44,7 @@ from spectest.sampling_params import SamplingParams, process_logits
 
 if TYPE_CHECKING:
     from spectest.e2e.run import EngineRun
-    from spectest.engine.checks import DistributionCheck
+    from spectest.statistics.checks import DistributionCheck
 
 PIT_BINS = 10  # equiprobable bins of the PIT; the checks detect a TV this far from uniform per group
 MAX_CALLS = 100_000  # a cap the plan never reaches; the time budget decides for slow engines

@@ -8,7 +8,7 @@ engine's output; given everything before, the trials are independent. Tokens per
 trials in a chain: L = 1 + the accepted run. So the chain law of every pass given its a_i is the
 law of the trials, and their randomised PIT (a rejection: U = V (1 - a_t); an acceptance:
 U = 1 - a_t + V a_t) is i.i.d. Uniform(0, 1) whatever the contexts. A loop that throws accepted
-drafts away (or accepts more than it may) moves it; the statistical engine decides, grouped by the
+drafts away (or accepts more than it may) moves it; the statistics decides, grouped by the
 offset in the pass (known before the trial).
 
 What an engine reports (``tokens_per_pass`` and ``draft_lengths`` per prompt) says which tokens

@@ -13,6 +13,7 @@ from typing import Any
 
 from spectest.e2e.protocol import EngineModel, build_engine
 from spectest.resolve import ModelSpecError, display_name, load_object
+from spectest.urls import is_server_spec, server_name
 
 ENTRY_POINT_GROUP = "spectest.engines"
 OPTION = "--spec-engine"
@@ -33,14 +34,14 @@ def resolve_engine(
 ) -> EngineModel:
     """The engine ``spec`` names; ``target``/``draft``: local checkpoints for adapters that load
     models (``--spec-target``, ``--spec-draft``), handed to the object's ``with_checkpoints``. A
-    server URL (``openai[+dialect]:URL``) becomes a :class:`ServerEngine` scored with them, and compared
+    server URL (``openai[+dialect]:URL``) becomes a ``ServerEngine`` scored with them, and compared
     with ``reference`` (``--spec-reference-url``), its twin without speculation, if given."""
     spec = spec.strip()
     if not spec:
         raise ModelSpecError(f"{OPTION} got an empty value")
-    from spectest.e2e.engines.openai_server import ServerEngine, is_server_spec
-
     if is_server_spec(spec):
+        from spectest.e2e.engines.openai_server import ServerEngine
+
         try:
             server = ServerEngine(
                 spec, target=target, draft=draft, api_key=api_key, concurrency=concurrency, reference=reference
@@ -57,13 +58,6 @@ def resolve_engine(
         return build_engine(display_name(spec), spec, obj, module)
     except ValueError as exc:
         raise ModelSpecError(f"{OPTION} {spec!r}: {exc}") from None
-
-
-def server_name(spec: str) -> str:
-    from spectest.e2e.engines.openai_server import redact
-
-    scheme, _, url = spec.partition(":")
-    return f"{scheme}:{redact(url.partition('#')[0])}"
 
 
 def _with_checkpoints(spec: str, obj: Any, target: str | None, draft: str | None) -> Any:

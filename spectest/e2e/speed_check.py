@@ -16,10 +16,10 @@ from spectest.e2e.pass_counts import realized_acceptance
 from spectest.e2e.passes import drafting_passes
 from spectest.e2e.protocol import TOKEN_WISE
 from spectest.e2e.speed import PARTS, EngineRound, EngineSpeed, median_time, time_parts, timed
-from spectest.engine.stats import SignTest
 from spectest.simulators.text import expected_passes
 from spectest.speed.bench import AGREEMENT_MISSES, SPEED_MARGIN
 from spectest.speed.clock import NOISE_LIMIT, OWN_CLOCK, single_threaded, timing_noise
+from spectest.statistics.chisquare import SignTest
 
 if TYPE_CHECKING:
     from spectest.e2e.protocol import PassRecord

@@ -28,8 +28,8 @@ from scipy import stats
 from spectest import rules
 from spectest.e2e.cases import EngineCase
 from spectest.e2e.first_tokens import one_prompt
-from spectest.engine.stats import required_noncentrality
 from spectest.protocol import OutsideTheImplementation
+from spectest.statistics.chisquare import required_noncentrality
 
 if TYPE_CHECKING:
     from spectest.e2e.run import EngineRun
@@ -134,7 +134,7 @@ def twin_generate(spec: EngineRun, prompts, params, max_new_tokens: int, seed: i
     """The twin's outputs for the same requests; a failure of the twin is a usage error, never the
     engine's verdict."""
     __tracebackhide__ = True
-    from spectest.e2e.engines.openai_server import ServerError
+    from spectest.e2e.http import ServerError
 
     twin = spec.engine.engine.twin
     try:

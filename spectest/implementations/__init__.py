@@ -1,5 +1,5 @@
-"""The implementations that ship: the torch ``reference`` (registered ``reference``), the fused
-Triton kernel (``triton``: ``reference-triton``) and adapters to engines' samplers
-(``engines``: ``transformers``, ``flashinfer``, ``vllm``). Optional dependencies are imported
-only when used; every one registers through the ``spectest.models`` entry-point group.
+"""The pure-torch implementations that ship: the ``reference`` chain sampler, the tree references (``tree``),
+block verification (``block``), relaxed acceptance (``lossy``), and transformers' own sampler
+(``transformers_sampler``). Kernels and GPU libraries' samplers live in :mod:`spectest.gpu`. Every one registers
+through the ``spectest.models`` entry-point group; optional dependencies are imported only when used.
 """

@@ -14,7 +14,7 @@ and emits a fallback token there: the target's most likely token ("argmax", as b
 or a draw from p_i ("sample"). The bonus after K accepted drafts is a draw from p_K for typical
 acceptance (vLLM samples it as usual) and follows ``fallback`` for relaxed top-k (TensorRT-LLM's
 "golden token" is the top-1). Both declare ``spectest_lossy``: the harness measures how far
-their output is from the target (spectest.engine.tv); the exact model of their output is
+their output is from the target (spectest.statistics.tv); the exact model of their output is
 spectest.simulators.lossy, written separately in numpy.
 """
 

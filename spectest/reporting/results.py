@@ -22,7 +22,7 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
   ``planned_draws``, ``draws``, ``stopped_early``, ``worst_cells`` [[label, expected, observed]],
   ``seed``, ``duration_s``, ``context``, ``measured`` (null unless the check ran in lossy mode:
   {``limit``, ``tokens``, ``alpha``, ``mean_estimate``, ``mean_interval``, ``worst_interval``,
-  ``worst_group``, ``groups``, ``passed``}, see spectest.engine.tv)
+  ``worst_group``, ``groups``, ``passed``}, see spectest.statistics.tv)
 * ``figures``: records that are reported, not judged: acceptance ``efficiency`` per case, the
   speed sweep (``speed_points``, ``break_even_predicted``, ``break_even_measured``) and, in lossy
   mode, each per-position case's ``tokens_per_call``, ``optimal_tokens_per_call`` and ``measured_tv``
@@ -160,7 +160,7 @@ def _git_commit() -> str | None:
 def masked_command(argv: list[str]) -> list[str]:
     """The command line with secrets masked: the value of --spec-api-key, and a server URL's user,
     password and query (``openai[+dialect]:URL``, alone or as ``--spec-engine=...``)."""
-    from spectest.e2e.resolve import server_name
+    from spectest.urls import server_name
 
     def mask(value: str) -> str:
         scheme, _, rest = value.partition(":")

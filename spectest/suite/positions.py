@@ -5,7 +5,7 @@ copies at a time with fresh drafts, and the emitted token at each (row, position
 against p there, weighted by how often that position is reached (standard rejection sampling
 reaches position i with probability prod_{j<i} sum min(p_j, q_j)). Tokens of target
 probability zero are an exact failure. Where most tokens are expected far below once (large
-vocabularies), every token is also its own cell (spectest.engine.sparse), the rows at each
+vocabularies), every token is also its own cell (spectest.statistics.sparse), the rows at each
 position one stratum.
 """
 
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from spectest import rules
-from spectest.engine.checks import token_id_orders
 from spectest.protocol import PAD
+from spectest.statistics.checks import token_id_orders
 
 if TYPE_CHECKING:
     from spectest.suite.run import PropertyRun

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import hypothesis
@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 
 from spectest import rules
 from spectest.cases.settings import profile_for_budget
-from spectest.engine.checks import DistributionCheck
-from spectest.engine.stats import FitResult
 from spectest.protocol import (
     BLOCK_VERIFICATION,
     ContractViolation,
@@ -36,6 +34,9 @@ from spectest.sampling import make_generator
 from spectest.sampling_params import SamplingParams
 from spectest.session import RECORD_KEY, SpecSession, examples_for, missing_capabilities
 from spectest.speed.clock import OWN_CLOCK, Ledger, cpu_time
+from spectest.statistics.checks import DistributionCheck
+from spectest.statistics.chisquare import FitResult
+from spectest.suite.loop import Generation, generate
 from spectest.tree_protocol import call_verify_tree
 
 
@@ -162,7 +163,7 @@ class SuiteRun:
         time_budget: float | None = None,
         **kwargs: Any,
     ) -> DistributionCheck:
-        """A distribution check at this run's per-check level and tolerance (see spectest.engine.checks).
+        """A distribution check at this run's per-check level and tolerance (see spectest.statistics.checks).
         In lossy mode an output-distribution check measures TV instead, its limit the model's
         maximum per token times ``tokens``, the tokens each cell spans (TV of an L-token joint is
         at most the sum of its L per-token distances). ``time_budget``: the allowance of checks
@@ -243,6 +244,29 @@ class SuiteRun:
     def generators(self, seed: int) -> tuple[torch.Generator, torch.Generator]:
         """Independent generators for the harness's own draws and for the verifier."""
         return make_generator(seed, self.device), make_generator(seed ^ 0x5DEECE66D, self.device)
+
+    def markov_sequences(
+        self, check: DistributionCheck, target: Any, draft: Any, case: Any, *, per_call: int = 50_000
+    ) -> Iterator[tuple[Generation, int]]:
+        """Whole sequences of a Markov case's pair (``target``, ``draft``: the case's chains; ``case``: its
+        ``length``, ``k``, ``dtype`` and ``seed``) through this run's verifier, batch after batch until ``check``
+        has its draws: each batch's generation and how many sequences it holds."""
+        draft_gen, verify_gen = self.generators(case.seed)
+        while not check.done:
+            n = check.next_batch(per_call)
+            run = generate(
+                self.verify,
+                target,
+                draft,
+                n_sequences=n,
+                length=case.length,
+                k=case.k,
+                draft_generator=draft_gen,
+                verify_generator=verify_gen,
+                device=self.device,
+                dtype=getattr(torch, case.dtype),
+            )
+            yield run, n
 
     def require(self, ok: bool, rule: str, detail: str) -> None:
         """An exact check: fail naming the model and the rule."""

@@ -1,7 +1,7 @@
 """llama.cpp's speculative decoding through llama-cpp-python, as spectest engines (``pip install -e '.[llamacpp]'``).
 
 ``llama-cpp-draft``: ``Llama.generate`` on the shared tiny pair's target
-(:mod:`spectest.e2e.engines.tiny_pair`) converted to GGUF (float32) with ``convert_hf_to_gguf.py``, with a
+(:mod:`spectest.e2e.tiny_pair`) converted to GGUF (float32) with ``convert_hf_to_gguf.py``, with a
 second GGUF, the pair's draft, plugged in as its ``draft_model`` (a ``LlamaDraftModel`` proposing the
 draft's 4 greedy tokens, as llama.cpp's own speculative example drafts). ``llama-cpp-prompt-lookup``: the
 built-in ``LlamaPromptLookupDecoding`` (n-grams up to 3, 4 tokens). ``llama-cpp-off``: the same ``Llama``
@@ -40,9 +40,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
 from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
 from spectest.e2e.protocol import SEEDED
+from spectest.e2e.tiny_pair import TeacherForcedLogits
 
 K = 4
 ORDER = ("top_k", "top_p", "min_p", "temperature")
@@ -59,7 +59,7 @@ def unavailable() -> str | None:
 def converter_folder() -> Path:
     """``vendor/llama.cpp`` of the installed llama-cpp-python's sdist (the converter, ``conversion/`` and
     ``gguf-py``), fetched once with pip into the cache."""
-    from spectest.e2e.engines.tiny_pair import cached, version
+    from spectest.e2e.tiny_pair import cached, version
 
     release = version("llama-cpp-python")
 
@@ -189,7 +189,7 @@ class LlamaCppEngine(TeacherForcedLogits):
     def __init__(self, *, draft: str | None = "gguf", k: int = K, seed: int = 0) -> None:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        from spectest.e2e.engines import tiny_pair
+        from spectest.e2e import tiny_pair
 
         self.pair = tiny_pair.pair(seed)
         folders = tiny_pair.converted(self.pair, "gguf", "llama-cpp-python", to_gguf)
@@ -210,7 +210,7 @@ class LlamaCppEngine(TeacherForcedLogits):
             raise RuntimeError(f"the GGUF holds {self.llm.n_vocab()} tokens, the pair {self.vocab_size}")
 
     def _run(self, llm: Any, prompts, params, max_new_tokens, seed) -> list[list[int]]:
-        from spectest.e2e.engines.tiny_pair import request_seed
+        from spectest.e2e.cases import request_seed
 
         outputs, tokens_per_pass, draft_lengths = [], [], []
         proposer = llm.draft_model

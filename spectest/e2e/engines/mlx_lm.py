@@ -1,7 +1,7 @@
 """MLX-LM's speculative decoding on MLX's Linux CPU backend, as spectest engines (``pip install -e '.[mlx]'``).
 
 ``mlx-lm-draft``: ``mlx_lm.generate.speculative_generate_step`` with the shared tiny pair's draft
-(:mod:`spectest.e2e.engines.tiny_pair`, loaded by ``mlx_lm.load`` straight from its Hugging Face folders,
+(:mod:`spectest.e2e.tiny_pair`, loaded by ``mlx_lm.load`` straight from its Hugging Face folders,
 float32 kept) and ``num_draft_tokens`` = 4. ``mlx-lm-off`` is ``mlx_lm.generate.generate_step`` on the same
 target with the same sampler: the control. MLX-LM generates one sequence at a time, so a call's requests run
 one after another, each with its sampler (``make_sampler(temp, top_p, min_p, top_k)``) and its seed
@@ -27,9 +27,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
 from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import SEEDED
+from spectest.e2e.tiny_pair import TeacherForcedLogits
 
 K = 4
 ORDER = ("top_p", "min_p", "top_k", "temperature")
@@ -75,7 +75,7 @@ class MLXEngine(TeacherForcedLogits):
         from mlx_lm import load
 
         mx.disable_compile()  # see the module's docstring
-        from spectest.e2e.engines import tiny_pair
+        from spectest.e2e import tiny_pair
 
         self.pair = tiny_pair.pair(seed)
         self.vocab_size = tiny_pair.VOCAB
@@ -103,7 +103,7 @@ class MLXEngine(TeacherForcedLogits):
         import mlx.core as mx
         from mlx_lm.generate import generate_step, speculative_generate_step
 
-        from spectest.e2e.engines.tiny_pair import request_seed
+        from spectest.e2e.cases import request_seed
 
         outputs, passes, tokens_per_pass, draft_lengths = [], [], [], []
         for row, prompt in enumerate(prompts):

@@ -31,7 +31,7 @@ Declarations after ``#``: ``openai+vllm:http://host:port#seeded,batch-invariant,
 (what the deployment promises; none by default). Scoring never trusts the server's sampler: the target's
 logits come from ``--spec-target``, a local checkpoint of the same model (transformers), ``path.py:attr`` (an
 object with ``target_logits`` and ``vocab_size``), or a vLLM endpoint's ``prompt_logprobs`` (``server``: the
-one under test; ``openai+vllm:URL``: another, :mod:`spectest.e2e.engines.server_scoring`); ``--spec-draft``
+one under test; ``openai+vllm:URL``: another, :mod:`spectest.e2e.scoring`); ``--spec-draft``
 likewise for the draft's. Where
 neither exists, ``--spec-reference-url`` names a twin endpoint of the same model with speculation off
 (same dialect): the output is compared with the twin's by a two-sample test (:mod:`spectest.e2e.twin`),
@@ -54,10 +54,12 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import numpy as np
 
+from spectest.e2e.cases import crowd_request, request_seed
+from spectest.e2e.http import ServerError, describe, send
 from spectest.e2e.protocol import ENGINE_CAPABILITIES
+from spectest.e2e.scoring import OWN, CheckpointScorer, ServerScorer
+from spectest.urls import SCHEMES, redact
 
-SCHEMES = {"openai": None, "openai+vllm": "vllm", "openai+mlx": "mlx", "openai+llamacpp": "llamacpp"}
-DIALECTS = ("vllm", "mlx", "llamacpp")
 MLX_ORDER = ("top_p", "min_p", "top_k", "temperature")  # mlx_lm/sample_utils.py: filters on untempered log-probs
 LLAMACPP_ORDER = ("top_k", "top_p", "min_p", "temperature")  # the sampler chain spectest asks llama-server for
 # llama-server's defaults that are not the target's distribution (top-k 40, top-p 0.95, min-p 0.05, a 1.1 repeat
@@ -71,18 +73,6 @@ MASKED_BIAS = -1e9  # a logit bias that leaves a masked id probability exactly 0
 CONCURRENCY = 16
 TIMEOUT_S = 120.0
 API_KEY_ENV = "SPECTEST_API_KEY"
-
-
-def is_server_spec(spec: str) -> bool:
-    return spec.partition(":")[0] in SCHEMES
-
-
-def redact(url: str) -> str:
-    """``url`` with its user, password and query masked: what reports and messages show."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = ("***@" if parts.username or parts.password else "") + host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
 
 
 def parse_server_spec(spec: str) -> tuple[str | None, str, frozenset[str]]:
@@ -115,15 +105,13 @@ def load_scorer(location: str, *, which: str, engine: ServerEngine) -> Any:
     """``--spec-target``/``--spec-draft`` for a server: a checkpoint directory (transformers),
     ``path.py:attr`` / ``module:attr`` (an object with ``target_logits``), or a vLLM endpoint's
     ``prompt_logprobs``: ``server`` (the engine's own, target only) or ``openai+vllm:URL``."""
-    from spectest.e2e.engines.server_scoring import OWN, ServerScorer
-
     if location == OWN:
         if which != "target":
             raise ValueError(f"--spec-{which} {OWN}: the server serves the target; name the draft's own endpoint")
         if engine.dialect in ("mlx", "llamacpp"):
             raise ValueError(f"--spec-target {OWN}: only vLLM returns prompt log-probabilities over the vocabulary")
         return ServerScorer(engine, own=True)
-    if is_server_spec(location):
+    if location.partition(":")[0] in SCHEMES:
         endpoint = ServerEngine(
             location, api_key=engine._api_key, concurrency=engine.concurrency, timeout=engine.timeout
         )
@@ -142,48 +130,6 @@ def load_scorer(location: str, *, which: str, engine: ServerEngine) -> Any:
     if not callable(getattr(obj, "target_logits", None)):
         raise ValueError(f"{location!r} has no target_logits method to score with")
     return obj
-
-
-class CheckpointScorer:
-    """Teacher-forced raw logits of a local transformers checkpoint (float32)."""
-
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-        self._model: Any = None
-
-    @property
-    def model(self) -> Any:
-        if self._model is None:
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            self._model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
-        return self._model
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
-
-    @property
-    def tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(self.folder)
-
-    def target_logits(self, sequences):
-        import torch
-
-        longest = max(len(s) for s in sequences)
-        ids = torch.zeros((len(sequences), longest), dtype=torch.int64)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(sequences):
-            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
-        with torch.no_grad():
-            return self.model(input_ids=ids, attention_mask=mask).logits.float()
-
-
-class ServerError(RuntimeError):
-    """What a server did wrong on one request: the guarded call reports it as the engine's failure."""
 
 
 class PromptText:
@@ -214,27 +160,6 @@ class PromptText:
                 f"{self.encode(text)[:40]}): its ids lie outside spectest_prompt_tokens {self.tokens[:20]}..."
             )
         return text
-
-
-def crowd_request(
-    rng: np.random.Generator, vocab: int, max_tokens: int, tokens: tuple[int, ...] = (), prefix: tuple[int, ...] = ()
-) -> dict[str, Any]:
-    """One unscored request beside the call's own: greedy or sampled, maybe filtered, maybe seeded."""
-    from spectest.e2e.cases import draw_prompt
-
-    body: dict[str, Any] = {
-        "prompt": draw_prompt(rng, int(rng.integers(1, 9)), vocab, tokens, prefix),
-        "max_tokens": int(max_tokens),
-        "temperature": 0.0 if rng.random() < 0.25 else round(float(rng.uniform(0.3, 2.0)), 3),
-    }
-    kind = int(rng.integers(0, 4))
-    if kind == 1:
-        body["top_p"] = round(float(rng.uniform(0.3, 0.95)), 3)
-    elif kind == 2:
-        body["top_k"] = int(rng.integers(1, max(2, vocab // 8)))
-    if rng.random() < 0.5:
-        body["seed"] = int(rng.integers(0, 2**31 - 1))
-    return body
 
 
 class ServerEngine:
@@ -356,8 +281,6 @@ class ServerEngine:
         return asyncio.run(self._send_all(bodies, crowd))[: len(bodies)]
 
     def _body(self, params, row: int, prompt: list[int], max_new_tokens: int, seed: int) -> dict[str, Any]:
-        from spectest.e2e.engines.tiny_pair import request_seed
-
         temperature = float(params.temperature[row])
         body: dict[str, Any] = {"prompt": prompt, "max_tokens": int(max_new_tokens), "temperature": temperature}
         if temperature > 0:
@@ -389,7 +312,7 @@ class ServerEngine:
         self, payloads: list[dict[str, Any]], labels: list[str], *, timeout: float | None = None
     ) -> list[Any]:
         """Each payload (with the served model's name) to ``/v1/completions``, ``concurrency`` in flight: the
-        replies, in order (the scorer's requests: :mod:`spectest.e2e.engines.server_scoring`)."""
+        replies, in order (the scorer's requests: :mod:`spectest.e2e.scoring`)."""
         async with self._client(timeout) as client:
             await self._know_model(client)
             return await asyncio.gather(
@@ -458,11 +381,11 @@ class ServerEngine:
             ids = self._token_ids(reply)
         except (KeyError, IndexError, TypeError, ValueError):
             raise ServerError(
-                f"{self.name}: {label} ({_describe(body)}) came back without token ids: {str(reply)[:300]}"
+                f"{self.name}: {label} ({describe(body)}) came back without token ids: {str(reply)[:300]}"
             ) from None
         if len(ids) != body["max_tokens"]:
             raise ServerError(
-                f"{self.name}: {label} ({_describe(body)}) returned {len(ids)} token ids for max_tokens="
+                f"{self.name}: {label} ({describe(body)}) returned {len(ids)} token ids for max_tokens="
                 f"{body['max_tokens']} with ignore_eos: {ids[:40]}"
             )
         return ids
@@ -470,29 +393,14 @@ class ServerEngine:
     async def _request(
         self, client: Any, method: str, path: str, payload: Any, label: str, body: dict[str, Any] | None = None
     ) -> Any:
-        import httpx
-
-        what = f"{label} ({_describe(body)})" if body else label
-        try:
-            response = await client.request(method, self.url + path, json=payload, params=self.query or None)
-        except httpx.TimeoutException:
-            raise ServerError(f"{self.name}: {what} got no answer within {client.timeout.read:g} s") from None
-        except httpx.HTTPError as exc:
-            detail = str(exc).replace(self.url, redact(self.url)) or "the connection closed without a reply"
-            raise ServerError(f"{self.name}: {what} failed: {type(exc).__name__}: {detail}") from None
-        if response.status_code != 200:
-            raise ServerError(
-                f"{self.name}: {what} got HTTP {response.status_code} from {method} {path}: {response.text[:500]}"
-            )
-        try:
-            return response.json()
-        except ValueError:
-            raise ServerError(f"{self.name}: {what} got malformed JSON from {path}: {response.text[:300]!r}") from None
-
-
-def _describe(body: dict[str, Any] | None) -> str:
-    if not body:
-        return ""
-    shown = {k: v for k, v in body.items() if k != "prompt"}
-    prompt = body.get("prompt", [])
-    return f"{shown}, prompt {prompt if len(prompt) <= 16 else [*prompt[:16], '...']}"
+        return await send(
+            client,
+            name=self.name,
+            url=self.url,
+            method=method,
+            path=path,
+            payload=payload,
+            label=label,
+            query=self.query,
+            body=body,
+        )

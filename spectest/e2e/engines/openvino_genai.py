@@ -2,7 +2,7 @@
 
 ``openvino-genai-draft`` (``num_assistant_tokens`` = 4) and ``openvino-genai-confidence`` (the draft
 proposes until its own probability falls below ``assistant_confidence_threshold`` 0.3): one
-``ContinuousBatchingPipeline`` per engine on the shared tiny pair (:mod:`spectest.e2e.engines.tiny_pair`)
+``ContinuousBatchingPipeline`` per engine on the shared tiny pair (:mod:`spectest.e2e.tiny_pair`)
 converted to OpenVINO IR with ``optimum-cli export openvino --weight-format fp32`` on first use, computing in
 float32 with a float32 KV cache (the CPU plugin's default is bf16 with a u8 cache). A call's requests go in
 one batch, each with its own ``GenerationConfig``: temperature, top-k, top-p, min-p, its seed as
@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
 from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED
+from spectest.e2e.tiny_pair import TeacherForcedLogits
 
 K = 4
 PRECISION = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
@@ -77,7 +77,7 @@ class OpenVINOEngine(TeacherForcedLogits):
     ) -> None:
         import openvino_genai as og
 
-        from spectest.e2e.engines import tiny_pair
+        from spectest.e2e import tiny_pair
 
         self.og = og
         self.pair = tiny_pair.pair(seed)
@@ -100,7 +100,7 @@ class OpenVINOEngine(TeacherForcedLogits):
         return og.ContinuousBatchingPipeline(str(self.target_ir), scheduler, "CPU", properties)
 
     def _configs(self, params: Any, max_new_tokens: int, seed: int, *, draft: bool) -> list[Any]:
-        from spectest.e2e.engines import tiny_pair
+        from spectest.e2e import tiny_pair
 
         configs = []
         for row in range(params.batch_size):

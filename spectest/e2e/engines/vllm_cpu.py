@@ -5,7 +5,7 @@
 "prompt_lookup_min": 1, "prompt_lookup_max": 3}``) and ``vllm-cpu-eagle`` (``{"method": "eagle", "model":
 HEAD, "num_speculative_tokens": 4}`` with the pair's seeded EAGLE-1 head, :func:`tiny_pair.eagle_head`):
 ``vllm.LLM`` on the shared tiny pair
-(:mod:`spectest.e2e.engines.tiny_pair`, head size 32 as the CPU attention wants) in float32, eager, in
+(:mod:`spectest.e2e.tiny_pair`, head size 32 as the CPU attention wants) in float32, eager, in
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one OpenMP thread (the default binding is 10-30x slower on
 2 shared cores), a 1 GiB KV cache. A call's requests go in one ``generate`` call, each with its own
 ``SamplingParams``: temperature (0 is greedy), top-k, top-p, min-p, its seed (its own, or one derived from
@@ -28,9 +28,9 @@ import importlib.util
 import os
 from typing import Any
 
-from spectest.e2e.engines.tiny_pair import TeacherForcedLogits
 from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
 from spectest.e2e.protocol import SEEDED, TOKEN_WISE
+from spectest.e2e.tiny_pair import TeacherForcedLogits
 
 K = 4
 ORDER = ("min_p", "top_k", "top_p")
@@ -76,7 +76,7 @@ class VLLMEngine(TeacherForcedLogits):
 
     def __init__(self, *, method: str | None = "draft", k: int = K, seed: int = 0) -> None:
         os.environ.update(ENVIRONMENT)
-        from spectest.e2e.engines import tiny_pair
+        from spectest.e2e import tiny_pair
 
         self.pair = tiny_pair.pair(seed)
         self.vocab_size = tiny_pair.VOCAB
@@ -105,7 +105,7 @@ class VLLMEngine(TeacherForcedLogits):
     def _params(self, params: Any, max_new_tokens: int, seed: int) -> list[Any]:
         from vllm import SamplingParams as VLLMSamplingParams
 
-        from spectest.e2e.engines.tiny_pair import request_seed
+        from spectest.e2e.cases import request_seed
 
         out = []
         for row in range(params.batch_size):

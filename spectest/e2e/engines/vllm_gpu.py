@@ -1,7 +1,7 @@
 """vLLM's ``LLM`` with speculative decoding on, as a spectest engine (``vllm-e2e``): CUDA only.
 
 The target and draft are the same small seeded Llama pair as ``transformers-assisted``
-(:func:`spectest.e2e.engines.transformers_loops.build_pair`), saved to a temporary directory and loaded
+(:func:`spectest.e2e.pair.build_pair`), saved to a temporary directory and loaded
 by vLLM in float32 (``skip_tokenizer_init``: prompts and outputs are token ids). ``method``:
 "draft_model" (the pair) or "ngram" (prompt lookup). Requests map onto vLLM's
 ``SamplingParams`` one to one, with ``ignore_eos=True`` (EOS disabled by configuration, never
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from spectest.e2e.engines.transformers_loops import K, TransformersLoop, build_pair
+from spectest.e2e.pair import K, build_pair, teacher_forced
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED, TOKEN_WISE
 from spectest.sampling_params import NO_SEED, SamplingParams
 
@@ -110,12 +110,12 @@ class VllmEngine:
         return [list(out.outputs[0].token_ids) for out in outputs]
 
     def target_logits(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
-        return TransformersLoop.teacher_forced(self.pair[0], sequences)
+        return teacher_forced(self.pair[0], sequences)
 
     def draft_logits(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
         if self.method != "draft_model":
             raise NotImplementedError("an n-gram draft has no logits")
-        return TransformersLoop.teacher_forced(self.pair[1], sequences)
+        return teacher_forced(self.pair[1], sequences)
 
 
 VLLM_E2E = VllmEngine()

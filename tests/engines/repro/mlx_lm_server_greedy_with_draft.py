@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from spectest.e2e.engines import tiny_pair
+from spectest.e2e import tiny_pair
 from tests.engines.servers import mlx_server
 
 REQUESTS, NEW_TOKENS = 24, 16

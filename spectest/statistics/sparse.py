@@ -1,6 +1,6 @@
 """Identity tests where pooling cannot see: every token its own cell, in the sparse regime.
 
-The pooled chi-square (:mod:`spectest.engine.stats`) merges tokens into cells of at least ten
+The pooled chi-square (:mod:`spectest.statistics.chisquare`) merges tokens into cells of at least ten
 expected draws. Where most tokens are expected far below once (a 32k-256k vocabulary, a few
 thousand draws), a cell holds hundreds of tokens, and a bug that only moves mass between
 neighbours inside a cell leaves every cell's count as it was. An inverse CDF whose prefix sums are

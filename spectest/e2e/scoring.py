@@ -1,6 +1,7 @@
-"""Scoring by a server: teacher-forced target log-probabilities from vLLM's ``prompt_logprobs``.
+"""Scorers: the target's (or the draft's) logits along given sequences, for an engine whose own API gives none.
 
-``--spec-target server`` scores a vLLM server's tokens with the server itself; ``--spec-target
+A local checkpoint (:class:`CheckpointScorer`, ``--spec-target DIR``: transformers, float32) or a vLLM server's
+``prompt_logprobs`` (:class:`ServerScorer`). ``--spec-target server`` scores a vLLM server's tokens with the server itself; ``--spec-target
 openai+vllm:URL`` with another endpoint of the same model (a replica without speculation, a bigger
 machine). Either must run with ``--max-logprobs -1``: one completion of the sequence with
 ``prompt_logprobs=-1`` returns, at every position, the log-probability of every id given the tokens
@@ -24,14 +25,13 @@ Every position moves V values as JSON: about 70 bytes an id, fine at the tiny pa
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from spectest.e2e.http import ServerError
 from spectest.protocol import OutsideTheImplementation
 
 if TYPE_CHECKING:
     import torch
-
-    from spectest.e2e.engines.openai_server import ServerEngine
 
 OWN = "server"  # --spec-target server: the engine under test scores its own tokens
 PROBE = [0, 0]  # the shortest sequence whose one scored position shows the vocabulary
@@ -51,13 +51,62 @@ def scored_rows(reply: Any, length: int) -> list[dict[str, Any]]:
     return entries[1:]
 
 
+class CheckpointScorer:
+    """Teacher-forced raw logits of a local transformers checkpoint (float32)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._model: Any = None
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
+        return self._model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder)
+
+    def target_logits(self, sequences):
+        import torch
+
+        longest = max(len(s) for s in sequences)
+        ids = torch.zeros((len(sequences), longest), dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(sequences):
+            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+        with torch.no_grad():
+            return self.model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+class Endpoint(Protocol):
+    """What a :class:`ServerScorer` needs of a server (a
+    :class:`~spectest.e2e.engines.openai_server.ServerEngine` is one)."""
+
+    name: str
+
+    async def post_all(
+        self, payloads: list[dict[str, Any]], labels: list[str], *, timeout: float | None = None
+    ) -> list[Any]: ...
+
+
 class ServerScorer:
     """``target_logits`` (float32 [N, L, V] log-probabilities) from a vLLM server's ``prompt_logprobs``.
 
     ``endpoint`` is the engine under test (``own``: its failures are its own) or another server (its
     failures raise :class:`ScorerError`, a harness-side error naming it)."""
 
-    def __init__(self, endpoint: ServerEngine, *, own: bool) -> None:
+    def __init__(self, endpoint: Endpoint, *, own: bool) -> None:
         self.endpoint, self.own = endpoint, own
         self._vocab: int | None = None
         self._refused: str | None = None
@@ -66,8 +115,6 @@ class ServerScorer:
     def unavailable(self) -> str | None:
         """Why this endpoint cannot score (it refuses full-vocabulary ``prompt_logprobs``), or None; an
         endpoint that does not answer is left to the calls (the engine's failure when it is the engine)."""
-        from spectest.e2e.engines.openai_server import ServerError
-
         if self._vocab is None and self._refused is None:
             try:
                 self._vocab = self._probe()
@@ -112,8 +159,6 @@ class ServerScorer:
     def _score(self, sequences: list[list[int]], timeout: float | None = None) -> list[list[dict[str, Any]]]:
         """Per sequence, its log-probability rows: a completion of the sequence and one more id (any:
         its own row is never read) returns a row for every position of the sequence."""
-        from spectest.e2e.engines.openai_server import ServerError
-
         payloads = [
             {"prompt": [*map(int, s), 0], "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": -1} for s in sequences
         ]
@@ -131,16 +176,12 @@ class ServerScorer:
         return out
 
     def _guard(self, work):
-        from spectest.e2e.engines.openai_server import ServerError
-
         try:
             return work()
         except ServerError as exc:
             raise self._error(str(exc)) from None
 
     def _error(self, message: str) -> Exception:
-        from spectest.e2e.engines.openai_server import ServerError
-
         if self.own:
             return ServerError(message)
         return ScorerError(f"the scoring endpoint (--spec-target) failed, so there is no verdict: {message}")

@@ -1,4 +1,4 @@
-"""Benchmark of the statistical engine (not a timed test): run it, read the ratios.
+"""Benchmark of the statistics (not a timed test): run it, read the ratios.
 
 1. Throughput: emitted tokens per second through the whole check pipeline on the reference
    sampler (draw drafts, verify, count, e-process, final test), and the share of the time spent
@@ -6,7 +6,7 @@
 2. Detection: for every known-buggy verifier, the property that caught it and the emitted
    tokens it took (median over seeds), from real pytest runs of the suite.
 
-    python benchmarks/bench_engine.py [--tokens 10000000] [--seeds 3] [--json out.json]
+    python benchmarks/bench_statistics.py [--tokens 10000000] [--seeds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 
 from spectest import strategies as sst
 from spectest.cases.tensors import RepeatedBatch, to_tensor
-from spectest.engine.checks import DistributionCheck, token_id_orders
 from spectest.implementations.reference import verify
 from spectest.sampling import make_generator
+from spectest.statistics.checks import DistributionCheck, token_id_orders
 
 REPO = Path(__file__).resolve().parent.parent
 BUGGY = REPO / "tests" / "verifiers" / "buggy.py"

@@ -1,4 +1,4 @@
-"""One distribution check from plan to verdict: the statistical engine every property uses.
+"""One distribution check from plan to verdict: the statistics every property uses.
 
 1. Plan: the fewest draws that detect ``tolerance`` (TV) with power 0.99 at the check's level.
 2. Sample in growing batches; after each, update an anytime-valid e-process over bins fixed by
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from spectest.engine.sequential import MixtureEProcess
-from spectest.engine.sparse import in_sparse_regime, sparse_identity_test
-from spectest.engine.stats import FitResult, Group, chisquare_groups, plan_draws, pool_cells
-from spectest.engine.tv import measure_tv
 from spectest.speed.clock import Ledger
+from spectest.statistics.chisquare import FitResult, Group, chisquare_groups, plan_draws, pool_cells
+from spectest.statistics.sequential import MixtureEProcess
+from spectest.statistics.sparse import in_sparse_regime, sparse_identity_test
+from spectest.statistics.tv import measure_tv
 
 # Lossy mode: a TV interval per group needs many draws in each group, not only the few a pooled
 # exactness test needs; measured checks plan at least this many (the time budget still caps them).
@@ -77,7 +77,7 @@ class DistributionCheck:
         samples per group per draw (1 if every draw lands in every group); ``views``: pooling
         orders by name (default: by probability, and by token id); ``measured``: (limit, tokens per
         cell) for lossy mode, where the check runs to its plan and the TV interval decides
-        (spectest.engine.tv); ``time_budget``: seconds of
+        (spectest.statistics.tv); ``time_budget``: seconds of
         the implementation's own time (``spent()``, cumulative) after which the check concludes
         with the draws it has (at least ``min_draws``). Time does not depend on the counts, so
         stopping on it keeps the fixed test valid; ``ledger`` accounts the statistics' own time;
@@ -85,7 +85,7 @@ class DistributionCheck:
         where one draw is expensive (an engine's whole generate call); ``strata`` [G]: groups
         that are independent given their sample sizes share a stratum (rows of a call at one
         position): where the plan leaves many tokens expected below once, a test that keeps every
-        token its own cell joins the pooled views (spectest.engine.sparse), with its share of the level."""
+        token its own cell joins the pooled views (spectest.statistics.sparse), with its share of the level."""
         self.ledger = ledger
         self.measured = measured
         self.time_budget = time_budget or None

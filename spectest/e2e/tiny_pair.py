@@ -1,6 +1,6 @@
 """The one seeded model pair every CPU engine runs, and a cache of its conversions to each engine's format.
 
-The pair is :func:`~spectest.e2e.engines.transformers_loops.build_pair` (a 2-layer Llama target and a
+The pair is :func:`~spectest.e2e.pair.build_pair` (a 2-layer Llama target and a
 1-layer draft made of its first layer plus seeded noise), at the shapes every engine here takes: a
 vocabulary of 320 (three specials, the 256 byte tokens, 61 characters) and two heads of size 32 (vLLM's
 CPU attention wants 32, 64, 80 or more). Its tokenizer is a Llama-2 style byte-fallback BPE built
@@ -108,7 +108,7 @@ def pair(seed: int = 0) -> PairDirs:
     key = f"pair-seed{seed}-recipe{RECIPE}"
 
     def make(folder: Path) -> None:
-        from spectest.e2e.engines.transformers_loops import build_pair
+        from spectest.e2e.pair import build_pair
 
         target, draft = build_pair(vocab=VOCAB, seed=seed, k=K, heads=HEADS, eos_token_id=EOS)
         seeded_weights(target, draft, seed)
@@ -184,7 +184,7 @@ def seeded_weights(target, draft, seed: int) -> None:
 
     import torch
 
-    from spectest.e2e.engines.transformers_loops import LOGIT_SCALE
+    from spectest.e2e.pair import LOGIT_SCALE
 
     hidden = target.config.hidden_size
     with torch.no_grad():
@@ -261,11 +261,3 @@ class TeacherForcedLogits:
 
     def draft_logits(self, sequences):
         return self.teacher.logits("draft", sequences)
-
-
-def request_seed(params, row: int, seed: int) -> int:
-    """A request's own seed, or one derived from the run's seed and its row (as every adapter derives it)."""
-    import zlib
-
-    own = int(params.seed[row])
-    return own if own >= 0 else zlib.crc32(f"{seed}:{row}".encode())

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import optimize, stats
 
-from spectest.engine.tv import MeasuredTV
+from spectest.statistics.tv import MeasuredTV
 
 if TYPE_CHECKING:
-    from spectest.engine.sparse import SparseResult
+    from spectest.statistics.sparse import SparseResult
 
 DEFAULT_POWER = 0.99
 MIN_EXPECTED = 10.0  # per pooled cell: keeps Pearson's tail close to chi-square at small alpha

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from spectest.implementations.engines import missing
+from spectest.availability import missing
 from spectest.protocol import PAD
 from spectest.tree_protocol import depths
 

@@ -1,0 +1,58 @@
+"""One request to a running server, and what its failure says: every reply that is not a 200 with JSON, every
+connection that fails or times out, becomes a :class:`ServerError` naming the server, the request (its
+parameters and the start of its prompt) and what came back, with the URL's credentials masked.
+
+Shared by the server adapter (:mod:`spectest.e2e.engines.openai_server`), the scorers that read a server's
+``prompt_logprobs`` (:mod:`spectest.e2e.scoring`) and the twin comparison (:mod:`spectest.e2e.twin`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectest.urls import redact
+
+
+class ServerError(RuntimeError):
+    """What a server did wrong on one request: the guarded call reports it as the engine's failure."""
+
+
+def describe(body: dict[str, Any] | None) -> str:
+    """A request as messages show it: its parameters, and its prompt cut to 16 ids."""
+    if not body:
+        return ""
+    shown = {k: v for k, v in body.items() if k != "prompt"}
+    prompt = body.get("prompt", [])
+    return f"{shown}, prompt {prompt if len(prompt) <= 16 else [*prompt[:16], '...']}"
+
+
+async def send(
+    client: Any,
+    *,
+    name: str,
+    url: str,
+    method: str,
+    path: str,
+    payload: Any,
+    label: str,
+    query: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
+) -> Any:
+    """The JSON reply of ``method url+path`` (httpx's async ``client``), or a :class:`ServerError` saying what
+    ``name`` did to the request ``label`` (``body``: the request as spectest drew it, for the message)."""
+    import httpx
+
+    what = f"{label} ({describe(body)})" if body else label
+    try:
+        response = await client.request(method, url + path, json=payload, params=query or None)
+    except httpx.TimeoutException:
+        raise ServerError(f"{name}: {what} got no answer within {client.timeout.read:g} s") from None
+    except httpx.HTTPError as exc:
+        detail = str(exc).replace(url, redact(url)) or "the connection closed without a reply"
+        raise ServerError(f"{name}: {what} failed: {type(exc).__name__}: {detail}") from None
+    if response.status_code != 200:
+        raise ServerError(f"{name}: {what} got HTTP {response.status_code} from {method} {path}: {response.text[:500]}")
+    try:
+        return response.json()
+    except ValueError:
+        raise ServerError(f"{name}: {what} got malformed JSON from {path}: {response.text[:300]!r}") from None

@@ -1,3 +1,0 @@
-"""The statistical engine: plan a distribution check from a tolerance, sample with anytime-valid
-early stopping, conclude with pooled chi-square tests (``checks``, ``stats``, ``sequential``).
-"""
