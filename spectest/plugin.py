@@ -151,6 +151,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         described.append(f"{model.name}{caps}{dtypes}{ties}{lossy}{skip}")
     engines = [
         f"{e.name}{' [' + ', '.join(sorted(e.capabilities)) + ']' if e.capabilities else ''}"
+        f"{''.join(f' ({name} left out: {why})' for name, why in e.left_out)}"
         f"{' (unavailable: ' + e.unavailable + ')' if e.unavailable else ''}"
         for e in session.engines
     ]

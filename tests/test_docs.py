@@ -133,6 +133,7 @@ COMMANDS: dict[str, tuple[str, int]] = {
         0,
     ),
     ".venv-native/bin/python tests/engines/repro/mlx_lm_server_greedy_with_draft.py": (SHELL, 0),
+    ".venv-native/bin/python tests/engines/repro/mlx_lm_server_models_without_cache.py": (SHELL, 0),
     ".venv-vllm/bin/python benchmarks/server_throughput.py": (SHELL, 0),
     ".venv/bin/pip install -c constraints/cpu.txt -e '.[docs]' && .venv/bin/sphinx-build -W -n docs docs/_build/html": (
         SETUP,

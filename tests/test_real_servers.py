@@ -2,16 +2,18 @@
 
 In the vLLM tier of ``.ci/run`` (its venv has vLLM's CPU build): ``vllm serve`` of the tiny pair without a
 speculative config, the control, must pass every output property through the server adapter, 16 requests in
-flight with crowds of mixed parameters; with the pair's draft model, and with n-gram drafts, every property
-fails, by a rule of the engine's (docs/engines-we-checked.md: min-p refused with HTTP 400, a top-k request
-kills the engine, and one-token prompts get id 0 as their first token when requests overlap), never by a
-harness error. At the quick budget (a TV of 0.1) to keep CI within its time; the page records default runs.
+flight with crowds of mixed parameters; with the pair's draft model, and with n-gram drafts, vLLM refuses min-p
+(HTTP 400, a documented limit of speculative decoding): the adapter learns it before any property and leaves it out,
+the results file saying so in vLLM's words, and every property then fails by its sampling or its crash, by a rule
+of the engine's (docs/engines-we-checked.md: a top-k request kills the engine, and one-token prompts get id 0 as
+their first token when requests overlap), never by a harness error. At the quick budget (a TV of 0.1) to keep CI within its time; the page records default runs.
 Each server's ``prompt_logprobs`` are first shown to equal the checkpoint's log-softmax; the draft-model server
 is then judged scored by them (``--spec-target server``), the control and n-gram drafts by the local checkpoint.
 
 In the llama.cpp/MLX-LM tier: ``mlx_lm.server`` of the pair (``openai+mlx``: text prompts through the pair's
-tokenizer, EOS kept out by ``logit_bias``): without a draft its greedy requests equal greedy decoding; with the
-pair's draft model they do not after the first request (MLX-LM's Python API passes with the same draft).
+tokenizer, EOS kept out by ``logit_bias``), at the default 16 requests in flight: without a draft (the control) it
+passes the first-token, greedy and same-seed properties; with the pair's draft model its greedy requests do not
+equal greedy decoding after the first request (MLX-LM's Python API passes with the same draft).
 
 Where a ``llama-server`` binary is installed (``SPECTEST_LLAMA_SERVER`` or ``PATH``; CI does not build one):
 llama-server of the pair's GGUFs (``openai+llamacpp``: its own ``/completion``), without speculation, with the
@@ -64,6 +66,11 @@ def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_n
                 timeout=900,
             )
         shown = f"openai+vllm:{url}"
+        (described,) = [e for e in run.document["environment"]["engines"] if e["name"] == shown]
+        if config is None:
+            assert described["left_out"] == {}, described
+        else:  # vLLM's documented limit, learned from its own 400, not failed
+            assert "not yet supported with speculative decoding" in described["left_out"].get("min_p", ""), described
         for prop in PROPERTIES:
             outcome = run.results.get((shown, prop))
             assert outcome is not None, f"{prop} not in the run: {run.output[-2000:]}"
@@ -91,11 +98,11 @@ def assert_scores_as_the_checkpoint(url: str, target: str) -> None:
 
 
 @pytest.mark.slow
-def test_mlx_lm_server_fails_greedy_decoding_with_its_draft_model_and_not_without(tmp_path):
-    """The recorded verdicts (docs/engines-we-checked.md): with the draft model, greedy requests after the
-    first on a fresh server do not equal greedy decoding of the target (an exact check); without it they do.
-    The control's other failures seen so far are dropped connections (httpx ReadError) under 16 in flight,
-    not yet understood, so only its exact properties are asserted."""
+def test_mlx_lm_server_passes_without_a_draft_and_fails_greedy_decoding_with_it(tmp_path):
+    """The recorded verdicts (docs/engines-we-checked.md), at the default 16 requests in flight: without a draft
+    (the control) the server passes the first-token (32 requests a call), greedy and same-seed properties; with
+    the draft model, greedy requests after the first on a fresh server do not equal greedy decoding of the target
+    (an exact check)."""
     if importlib.util.find_spec("mlx_lm") is None or importlib.util.find_spec("httpx") is None:
         pytest.skip("mlx-lm and httpx are not installed here (the llama.cpp/MLX-LM tier of .ci/run has them)")
     from spectest.e2e import tiny_pair
@@ -105,18 +112,21 @@ def test_mlx_lm_server_fails_greedy_decoding_with_its_draft_model_and_not_withou
     for name, draft in (("off", None), ("draft", str(pair.draft))):
         with mlx_server(str(pair.target), draft, str(tmp_path / f"{name}.log")) as url:
             (tmp_path / name).mkdir()
+            selected = "first_tokens or greedy or same_seed" if draft is None else "greedy"
             run = run_pytest(
                 ["--spec-engine", f"openai+mlx:{url}#seeded", "--spec-target", str(pair.target), "--spec-seed", "1",
-                 *QUICK, "--spec-concurrency", "4", "-n", "0", "-k", "greedy or same_seed"],
+                 *QUICK, "-n", "0", "-k", selected],
                 tmp_path / name,
                 timeout=900,
             )  # fmt: skip
-        key = (f"openai+mlx:{url}", greedy)
-        assert key in run.results, run.output[-2000:]
+        shown = f"openai+mlx:{url}"
         if draft is None:
-            assert run.results[key].outcome == "passed", run.explain(*key)
+            for prop in ("test_first_tokens_of_one_prompt_follow_the_target", greedy, "test_same_seed_same_output"):
+                assert run.results[(shown, prop)].outcome == "passed", run.explain(shown, prop)
         else:
-            assert run.results[key].failure == {"kind": "rule", "rule": rules.GREEDY_IS_ARGMAX}, run.explain(*key)
+            assert run.results[(shown, greedy)].failure == {"kind": "rule", "rule": rules.GREEDY_IS_ARGMAX}, (
+                run.explain(shown, greedy)
+            )
 
 
 LLAMA_SPECULATION = {

@@ -14,7 +14,12 @@ from spectest.urls import redact
 
 
 class ServerError(RuntimeError):
-    """What a server did wrong on one request: the guarded call reports it as the engine's failure."""
+    """What a server did wrong on one request: the guarded call reports it as the engine's failure.
+    ``status``: the HTTP status it answered with (None: no answer), ``reply``: the start of its reply's text."""
+
+    def __init__(self, message: str, *, status: int | None = None, reply: str = "") -> None:
+        super().__init__(message)
+        self.status, self.reply = status, reply
 
 
 def describe(body: dict[str, Any] | None) -> str:
@@ -24,6 +29,19 @@ def describe(body: dict[str, Any] | None) -> str:
     shown = {k: v for k, v in body.items() if k != "prompt"}
     prompt = body.get("prompt", [])
     return f"{shown}, prompt {prompt if len(prompt) <= 16 else [*prompt[:16], '...']}"
+
+
+def no_reply(exc: Exception) -> bool:
+    """Whether a request failed before any reply reached the client: the connection was refused, reset or closed
+    while the request was written or its answer awaited (a keep-alive connection the server closed as the request
+    went out is the common case: ``http.server`` closes idle ones). Such a request is sent once more: no token of
+    it was seen, so a fresh draw cannot bias a verdict. A reply that came back wrong (a status, malformed JSON, a
+    broken HTTP message) is never sent again: it is the server's."""
+    import httpx
+
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "without sending a response" in str(exc)
+    return isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.ConnectError)
 
 
 async def send(
@@ -39,19 +57,29 @@ async def send(
     body: dict[str, Any] | None = None,
 ) -> Any:
     """The JSON reply of ``method url+path`` (httpx's async ``client``), or a :class:`ServerError` saying what
-    ``name`` did to the request ``label`` (``body``: the request as spectest drew it, for the message)."""
+    ``name`` did to the request ``label`` (``body``: the request as spectest drew it, for the message). A request
+    that got no reply at all is sent once more (:func:`no_reply`)."""
     import httpx
 
     what = f"{label} ({describe(body)})" if body else label
-    try:
-        response = await client.request(method, url + path, json=payload, params=query or None)
-    except httpx.TimeoutException:
-        raise ServerError(f"{name}: {what} got no answer within {client.timeout.read:g} s") from None
-    except httpx.HTTPError as exc:
-        detail = str(exc).replace(url, redact(url)) or "the connection closed without a reply"
-        raise ServerError(f"{name}: {what} failed: {type(exc).__name__}: {detail}") from None
+    for attempt in (1, 2):
+        try:
+            response = await client.request(method, url + path, json=payload, params=query or None)
+            break
+        except httpx.TimeoutException:
+            raise ServerError(f"{name}: {what} got no answer within {client.timeout.read:g} s") from None
+        except httpx.HTTPError as exc:
+            detail = str(exc).replace(url, redact(url)) or "the connection closed without a reply"
+            if attempt == 1 and no_reply(exc):
+                continue  # nothing of it was seen: sending it again biases nothing
+            again = " (sent twice: no reply either time)" if attempt == 2 else ""
+            raise ServerError(f"{name}: {what} failed{again}: {type(exc).__name__}: {detail}") from None
     if response.status_code != 200:
-        raise ServerError(f"{name}: {what} got HTTP {response.status_code} from {method} {path}: {response.text[:500]}")
+        raise ServerError(
+            f"{name}: {what} got HTTP {response.status_code} from {method} {path}: {response.text[:500]}",
+            status=response.status_code,
+            reply=response.text[:2000],
+        )
     try:
         return response.json()
     except ValueError:

@@ -34,7 +34,8 @@ samples from softmax(logits / T^2) at temperature T; the harness models the draf
 ("request", the default: the draft samples with the request's processing; or "greedy": it proposes its argmax
 whatever the request says, as llama.cpp's speculative example drafts, so q is a point mass), ``spectest_masked_tokens`` (ids the engine can only
 keep out of its output by masking them, EOS say: the harness masks them too), and
-``spectest_sampling_params`` (the parameters it takes, default all four: requests leave the others off),
+``spectest_sampling_params`` (the parameters it takes, default all four: requests leave the others off) and
+``spectest_left_out`` (for each parameter it does not take, why: reported in the header, summary and results),
 ``spectest_prompt_tokens`` and ``spectest_prompt_prefix`` (for an engine whose prompts travel as text:
 the ids whose text encodes back to themselves, which prompts are drawn from, and the ids its encoder
 puts before every prompt, which every prompt then starts with), and ``spectest_unavailable`` (why it cannot run here: a missing package or GPU).
@@ -92,6 +93,7 @@ class EngineModel:
     draft_warps: int = 1  # how many times the engine applies a request's processing to its draft
     draft_sampling: str = "request"  # or "greedy": the draft proposes its argmax whatever the request says
     sampling_params: tuple[str, ...] = PARAMETERS  # the parameters it takes (vLLM refuses min-p with a draft)
+    left_out: tuple[tuple[str, str], ...] = ()  # (parameter, why) for each parameter it does not take
     first_token: str = "drafted"  # or "prefill": the first new token comes from the prompt's pass, no drafts
     prompt_tokens: tuple[int, ...] = ()  # the ids prompts may hold (none named: any); text-prompt servers name theirs
     prompt_prefix: tuple[int, ...] = ()  # ids every prompt starts with (what a text encoder always prepends)
@@ -202,6 +204,10 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
     supported = tuple(declared("spectest_sampling_params") or PARAMETERS)
     if "temperature" not in supported or set(supported) - set(PARAMETERS):
         raise ValueError(f"{name}: spectest_sampling_params must include 'temperature' and lie in {PARAMETERS}")
+    why = dict(declared("spectest_left_out") or {})
+    left_out = tuple(
+        (p, str(why.get(p, "not among its spectest_sampling_params"))) for p in PARAMETERS if p not in supported
+    )
     draft_sampling = declared("spectest_draft_sampling") or "request"
     if draft_sampling not in DRAFT_SAMPLINGS:
         raise ValueError(f"{name}: spectest_draft_sampling must be one of {DRAFT_SAMPLINGS}, got {draft_sampling!r}")
@@ -222,6 +228,7 @@ def build_engine(name: str, source: str, obj: Any, module: Any = None) -> Engine
         draft_warps=warps,
         draft_sampling=draft_sampling,
         sampling_params=supported,
+        left_out=left_out,
         first_token=first_token,
         prompt_tokens=prompt_tokens,
         prompt_prefix=prompt_prefix,

@@ -6,7 +6,8 @@ Schema ``spectest.results/1`` (validated by ``RESULTS_SCHEMA`` below, a JSON Sch
 * ``environment``: package versions, torch and CUDA versions, device name, git commit (null when
   not in a git checkout), command line, seed, alpha, budget, tolerance, timestamp (UTC, ISO 8601),
   ``models`` [{name, source, capabilities, filter_order, sampling_params, unavailable, max_tv, dtypes,
-  tie_break, draft_padding}]
+  tie_break, draft_padding}], ``engines`` [{name, source, capabilities, filter_order, sampling_params,
+  ``left_out`` {parameter: why (declared, or the server's own refusal)}, unavailable}]
   (``max_tv``: the declared lossy-mode limit per token, 1.0 for lossy without one, null for exact)
 * ``tests``: one entry per (model, property): ``model``, ``property``, ``nodeid``, ``outcome``
   (passed, failed, skipped, error), ``duration_s``, ``message`` (failure text or skip reason, truncated),
@@ -83,6 +84,18 @@ RESULTS_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "required": ["name", "source", "capabilities"],
                         "properties": {"capabilities": {"type": "array", "items": {"type": "string"}}},
+                    },
+                },
+                "engines": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "source", "capabilities", "sampling_params", "left_out"],
+                        "properties": {
+                            "capabilities": {"type": "array", "items": {"type": "string"}},
+                            "sampling_params": {"type": "array", "items": {"type": "string"}},
+                            "left_out": {"type": "object", "additionalProperties": {"type": "string"}},
+                        },
                     },
                 },
             },
@@ -225,6 +238,20 @@ def describe_model(model: Any) -> dict[str, Any]:
     }
 
 
+def describe_engine(engine: Any) -> dict[str, Any]:
+    """What the results file says about an engine: its name, source, declarations, and the sampling parameters
+    it does not take, each with why (declared, or the server's own refusal)."""
+    return {
+        "name": engine.name,
+        "source": engine.source,
+        "capabilities": sorted(engine.capabilities),
+        "filter_order": list(engine.filter_order),
+        "sampling_params": list(engine.sampling_params),
+        "left_out": dict(engine.left_out),
+        "unavailable": engine.unavailable,
+    }
+
+
 def document(
     env: dict[str, Any],
     tests: list[dict[str, Any]],
@@ -259,6 +286,7 @@ def write_run(session: SpecSession) -> list[str]:
         tolerance=session.tolerance,
     )
     env["models"] = [describe_model(m) for m in session.models]
+    env["engines"] = [describe_engine(e) for e in session.engines]
     data = document(env, session.tests, session.records, session.stage_errors)
     written: list[str] = []
     targets = [Path(session.results_path)] if session.results_path is not None else []

@@ -69,8 +69,13 @@ def _speed_plan(speed: dict) -> str:
 
 
 def e2e_lines(session: SpecSession) -> list[str]:
-    """End to end: what each engine's output checks could detect, and its speed against its model."""
-    lines = []
+    """End to end: what each engine does not take, what its output checks could detect, and its speed against
+    its model."""
+    lines = [
+        f"{engine.name}: {name} left out of every request: {why}"
+        for engine in session.engines
+        for name, why in engine.left_out
+    ]
     for record in figures(session.records):
         speed = record.get("e2e_speed")
         if speed:

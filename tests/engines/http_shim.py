@@ -25,8 +25,17 @@ library's ``ThreadingHTTPServer``). Two flavours:
   ``llamacpp_loses_min_p``: the same, but min-p is lost between the HTTP layer and the sampler (its default,
   0.05, applies whatever the request asks): the bug class of a server that drops a parameter.
 
+Deployments that refuse a parameter: ``refuses_min_p`` (HTTP 400 naming min-p on every request with it, as vLLM
+answers with speculative decoding on; otherwise exact: the parameter is learned and left out, and it passes),
+``refuses_min_p_later`` (takes min-p on its first request, refuses it after: a failure), ``errors_on_min_p`` (HTTP
+500 on min-p: a failure, never learned as a refusal). ``empty_models``: ``GET /v1/models`` answers 200 and closes the
+connection with no body (``mlx_lm.server`` without a Hugging Face cache folder): ``openai:URL`` cannot detect a dialect.
+``closes_idle``: exact, on HTTP/1.1 keep-alive connections that it closes after ``IDLE_S`` without a request, the
+way ``http.server`` does (a socket timeout); a request written to a connection at the moment it closes it gets no
+reply (the stale-pool race every keep-alive client meets).
+
 Misbehaving flavours for the client's reliability: ``drops_connections`` (closes every completion's
-connection without a reply), ``refuses_min_p`` (HTTP 400 on a request with min-p), ``malformed_json``,
+connection without a reply), ``malformed_json``,
 ``stops_early`` (one token short of ``max_tokens``), ``hangs`` (never answers) and ``caps_logprobs`` (refuses
 ``prompt_logprobs`` beyond 20 ids, as vLLM started without ``--max-logprobs -1`` does; every other vLLM-dialect
 flavour answers them with the full vocabulary, as ``--spec-target server`` reads them): each must give a failing
@@ -84,6 +93,7 @@ LLAMA_SERVER_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 LLAMA_SAMPLERS = {"top_k", "top_p", "min_p", "temperature"}  # the chain's samplers the shim implements
 WINDOW_S = 0.05  # how long a request is prepared before it samples; requests this close share the slot
+IDLE_S = 0.2  # closes_idle: how long a keep-alive connection may wait for its next request
 
 
 def params_of(bodies: list[dict[str, Any]], seeds: list[int]) -> SamplingParams:
@@ -106,6 +116,7 @@ class Shim:
         self.rng = np.random.default_rng(seed)
         self.lock = threading.Lock()
         self.arrivals: list[tuple[float, dict[str, Any], int]] = []  # (time, body, seed), newest last
+        self.min_p_requests = 0  # refuses_min_p_later: how many requests with min-p it has taken
 
     def seed_for(self, body: dict[str, Any]) -> int:
         with self.lock:
@@ -184,8 +195,30 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+            self.answered, self.idle_since = self.answered + 1, time.monotonic()
+
+        def setup(self) -> None:
+            self.answered, self.idle_since = 0, time.monotonic()
+            if shim.flavour == "closes_idle":
+                self.timeout = IDLE_S  # http.server's idle keep-alive close: a socket timeout between requests
+            super().setup()
+
+        def parse_request(self) -> bool:
+            """``closes_idle``: a request arriving on a connection idle past half its limit finds it closing, and
+            gets no reply (the request raced the server's close; its body is never read)."""
+            if shim.flavour == "closes_idle" and self.answered and time.monotonic() - self.idle_since > IDLE_S / 2:
+                self.close_connection = True
+                return False
+            return super().parse_request()
 
         def do_GET(self) -> None:
+            if urlsplit(self.path).path == "/v1/models" and shim.flavour == "empty_models":
+                # mlx_lm.server sends its 200 and headers, then its handler raises (CacheNotFound): no body at all
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.close_connection = True
+                return None
             if urlsplit(self.path).path == "/v1/models":
                 owner = "llamacpp" if shim.flavour.startswith("llamacpp") else "vllm"
                 self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": owner}]})
@@ -211,7 +244,18 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
             if not isinstance(body.get("prompt"), list):
                 return self.reply(400, {"error": "prompt must be a list of token ids"})
             if shim.flavour == "refuses_min_p" and body.get("min_p"):
-                return self.reply(400, {"error": "min_p is not supported with speculative decoding"})
+                message = (
+                    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+                )
+                return self.reply(400, {"error": {"message": message, "type": "BadRequestError", "code": 400}})
+            if shim.flavour == "refuses_min_p_later" and body.get("min_p"):
+                with shim.lock:
+                    shim.min_p_requests += 1
+                    taken = shim.min_p_requests == 1
+                if not taken:
+                    return self.reply(400, {"error": "min_p is not supported with speculative decoding"})
+            if shim.flavour == "errors_on_min_p" and body.get("min_p"):
+                return self.reply(500, {"error": "Internal Server Error: min_p"})
             if shim.flavour == "malformed_json":
                 data = b'{"choices": [{"token_ids": [1, 2'
                 self.send_response(200)

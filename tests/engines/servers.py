@@ -48,7 +48,9 @@ def vllm_server(target: str, speculative_config: dict | None, log: str) -> Itera
 
 
 @contextlib.contextmanager
-def mlx_server(target: str, draft: str | None, log: str, num_draft_tokens: int = 4) -> Iterator[str]:
+def mlx_server(
+    target: str, draft: str | None, log: str, num_draft_tokens: int = 4, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """``mlx_lm.server`` of ``target`` (with ``draft`` as its draft model) on a free loopback port; its URL.
     Compilation is off (``MLX_DISABLE_COMPILE``), as for the MLX-LM engines: on the CPU, MLX would compile
     every new shape's fused kernels with the system's C++ compiler; the operations and results are the same."""
@@ -56,7 +58,9 @@ def mlx_server(target: str, draft: str | None, log: str, num_draft_tokens: int =
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--host", "127.0.0.1", "--port", str(port)]
     if draft:
         command += ["--draft-model", draft, "--num-draft-tokens", str(num_draft_tokens)]
-    with serving("mlx_lm.server", command, {"MLX_DISABLE_COMPILE": "1"}, port, log, ready="/health") as url:
+    with serving(
+        "mlx_lm.server", command, {"MLX_DISABLE_COMPILE": "1", **(env or {})}, port, log, ready="/health"
+    ) as url:
         yield url
 
 

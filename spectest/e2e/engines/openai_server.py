@@ -58,6 +58,7 @@ from spectest.e2e.cases import crowd_request, request_seed
 from spectest.e2e.http import ServerError, describe, send
 from spectest.e2e.protocol import ENGINE_CAPABILITIES
 from spectest.e2e.scoring import OWN, CheckpointScorer, ServerScorer
+from spectest.sampling_params import PARAMETERS
 from spectest.urls import SCHEMES, redact
 
 MLX_ORDER = ("top_p", "min_p", "top_k", "temperature")  # mlx_lm/sample_utils.py: filters on untempered log-probs
@@ -69,9 +70,15 @@ LLAMACPP_NEUTRAL = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
     "dynatemp_range": 0.0, "samplers": list(LLAMACPP_ORDER),
 }  # fmt: skip
+# The filters a deployment may refuse (temperature it must take): before any property, one request with each
+# (at these values) shows whether it does; a clear refusal (HTTP 400 or 422 naming it) leaves it out of the plan.
+FILTERS = ("top_k", "top_p", "min_p")
+PROBES = {"top_k": 2, "top_p": 0.9, "min_p": 0.05}
+REFUSALS = (400, 422)
 MASKED_BIAS = -1e9  # a logit bias that leaves a masked id probability exactly 0 in float32
 CONCURRENCY = 16
 TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 30.0
 API_KEY_ENV = "SPECTEST_API_KEY"
 
 
@@ -88,17 +95,29 @@ def parse_server_spec(spec: str) -> tuple[str | None, str, frozenset[str]]:
     return SCHEMES[scheme], url, capabilities
 
 
-def declared_vocab(spec: str) -> int | None:
-    """``vocab=N`` after ``#``: the vocabulary of a server judged against its twin alone (no scorer)."""
-    settings = dict(item.strip().partition("=")[::2] for item in spec.partition("#")[2].split(",") if "=" in item)
-    unknown = set(settings) - {"vocab"}
-    if unknown:
-        raise ValueError(f"unknown settings {sorted(unknown)} after '#'; known: vocab=N")
-    if "vocab" not in settings:
-        return None
-    if not settings["vocab"].isdigit() or int(settings["vocab"]) < 2:
-        raise ValueError(f"vocab= wants a vocabulary size of at least 2, got {settings['vocab']!r}")
-    return int(settings["vocab"])
+def declared_settings(spec: str) -> tuple[int | None, frozenset[str]]:
+    """The settings after ``#``: ``vocab=N``, the vocabulary of a server judged against its twin alone (no
+    scorer), and ``without=PARAM`` (repeatable), a sampling parameter the deployment does not take, left out of
+    the plan without asking the server."""
+    vocab: int | None = None
+    without: set[str] = set()
+    for item in spec.partition("#")[2].split(","):
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals:
+            continue
+        if key == "vocab":
+            if not value.isdigit() or int(value) < 2:
+                raise ValueError(f"vocab= wants a vocabulary size of at least 2, got {value!r}")
+            vocab = int(value)
+        elif key == "without":
+            if value not in FILTERS:
+                raise ValueError(
+                    f"without= names a filter the deployment does not take, one of {FILTERS}; got {value!r}"
+                )
+            without.add(value)
+        else:
+            raise ValueError(f"unknown setting {key!r} after '#'; known: vocab=N, without=PARAM")
+    return vocab, frozenset(without)
 
 
 def load_scorer(location: str, *, which: str, engine: ServerEngine) -> Any:
@@ -186,13 +205,16 @@ class ServerEngine:
             raise ValueError(f"--spec-concurrency must be >= 1, got {concurrency}")
         self.concurrency, self.timeout = concurrency, timeout
         self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        if self.dialect is None and importlib.util.find_spec("httpx") is not None:
+            self.dialect = self._detect()
         self.target = load_scorer(target, which="target", engine=self) if target else None
         self.draft = load_scorer(draft, which="draft", engine=self) if draft else None
         if self.draft is not None:
             self.draft_logits = lambda sequences: self.draft.target_logits(sequences)
         self.model_name: str | None = None
         self._codec: PromptText | None = None
-        self.declared_vocab = declared_vocab(spec)
+        self.declared_vocab, self.declared_without = declared_settings(spec)
+        self._left_out: dict[str, str] | None = None
         self.twin: ServerEngine | None = None  # the same model without speculation, to compare with
         if reference is not None:
             scheme = spec.partition(":")[0]
@@ -256,6 +278,47 @@ class ServerEngine:
             return ()
         eos = getattr(tokenizer, "eos_token_id", None)
         return () if eos is None else (int(eos),)
+
+    @property
+    def spectest_left_out(self) -> dict[str, str]:
+        """The sampling parameters this deployment does not take, each with why: declared after ``#``
+        (``without=min_p``), or refused up front in the server's own words (one request per filter, before any
+        property). Left out of the plan, exactly as a Python adapter's ``spectest_sampling_params`` leaves them;
+        a parameter accepted here and refused later, a 5xx, a crash or a hang stay the server's failures."""
+        if self._left_out is None:
+            self._left_out = {
+                name: "declared after '#' (without=" + name + ")" for name in sorted(self.declared_without)
+            }
+            if self.spectest_unavailable is None:
+                asked = [name for name in FILTERS if name not in self.declared_without]
+                self._left_out |= asyncio.run(self._refused(asked))
+        return self._left_out
+
+    @property
+    def spectest_sampling_params(self) -> tuple[str, ...]:
+        return tuple(name for name in PARAMETERS if name not in self.spectest_left_out)
+
+    async def _refused(self, names: list[str]) -> dict[str, str]:
+        """Of ``names``, those the server refuses with a clear client error naming them, with its words."""
+        async with self._client(min(self.timeout, PROBE_TIMEOUT_S)) as client:
+            try:
+                await self._know_model(client)
+            except ServerError:
+                return {}  # it does not answer: nothing is learned, and the properties' calls say so
+            replies = await asyncio.gather(*(self._probe(client, name) for name in names))
+        return {name: why for name, why in zip(names, replies, strict=True) if why is not None}
+
+    async def _probe(self, client: Any, name: str) -> str | None:
+        """One small request with ``name`` set: None if the server takes it (or fails otherwise: that is for the
+        properties to meet), else the server's refusal."""
+        prompt = [*self.spectest_prompt_prefix, *(self.spectest_prompt_tokens[:1] or (1,))]
+        body = {"prompt": prompt, "max_tokens": 1, "temperature": 1.0, name: PROBES[name], "seed": 0}
+        try:
+            await self._complete(client, body, f"probe of {name}")
+        except ServerError as exc:
+            if exc.status in REFUSALS and name in exc.reply:
+                return f"HTTP {exc.status}: {' '.join(exc.reply.split())[:300]}"
+        return None
 
     @property
     def spectest_unscored(self) -> str | None:
@@ -332,22 +395,36 @@ class ServerEngine:
             )
 
     async def _discover(self, client: Any) -> None:
-        """The served model's name and, for ``openai:URL``, the dialect (vLLM lists itself as owner; llama-server
-        must be named, its sampling order is declared before the run)."""
+        """The served model's name, from ``GET /v1/models``."""
         reply = await self._request(client, "GET", "/v1/models", None, "model list")
         try:
-            model = reply["data"][0]
-            self.model_name, owner = str(model["id"]), str(model.get("owned_by", ""))
+            self.model_name = str(reply["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
             raise ServerError(f"{self.name}: GET /v1/models returned {str(reply)[:300]}, not a model list") from None
-        if self.dialect is None:
-            if owner != "vllm":
-                named = "openai+llamacpp" if owner == "llamacpp" else "openai+vllm"
-                raise ServerError(
-                    f"{self.name}: cannot tell its dialect (/v1/models owned_by {owner!r}); name it, e.g. "
-                    f"{named}:{redact(self.url)}"
-                )
-            self.dialect = "vllm"
+
+    def _detect(self) -> str:
+        """``openai:URL``'s dialect, before any property: vLLM lists itself as the owner in ``GET /v1/models``.
+        What cannot be told (no answer, an error, an empty or malformed list, another owner) is for the user to
+        name: a ``ValueError`` (a usage error, one line), never a verdict on the server."""
+
+        async def models() -> Any:
+            async with self._client(min(self.timeout, PROBE_TIMEOUT_S)) as client:
+                return await self._request(client, "GET", "/v1/models", None, "model list")
+
+        named = ", ".join(f"{scheme}:{redact(self.url)}" for scheme, dialect in SCHEMES.items() if dialect)
+        try:
+            reply = asyncio.run(models())
+            model = reply["data"][0]
+            owner = str(model.get("owned_by", "")) if isinstance(model, dict) else ""
+            seen = f"GET /v1/models lists {str(model.get('id', '?')) if isinstance(model, dict) else model!r} owned by {owner!r}"
+        except ServerError as exc:
+            owner, seen = "", str(exc).removeprefix(f"{self.name}: ")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            owner, seen = "", f"GET /v1/models returned {str(reply)[:200]}, not a model list"
+        if owner == "vllm":
+            return "vllm"
+        seen = " ".join(seen.split())
+        raise ValueError(f"cannot tell the server's dialect ({seen[:400]}); name it: {named}")
 
     def _payload(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` in the server's dialect."""
