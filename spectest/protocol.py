@@ -23,6 +23,10 @@ Optional capabilities, discovered from the model object (methods of the same nam
     verify_tree(parents, draft_token_ids, draft_probs, target_probs, generator=gen) -> (path, token)
       a tree of drafts verified in one call (see spectest.tree_protocol; declares how its
       siblings are drafted in ``spectest_tree_drafting``).
+    spectest_counters() -> {"emitted_drafts": int [B], "accepted_drafts": int [B] (optional)} or None
+      the per-row counters a kernel reports of its last verify call (FlashInfer's
+      output_emitted_draft_token_num and output_accepted_token_num), held to that call's output
+      exactly by :func:`check_counters` (capability "counters"); None: the call reported none.
 
 and declared ones (attribute ``spectest_capabilities``): ``standard-rejection`` (p = q means
 certain acceptance), ``block-verification`` (Sun et al. 2024: held to the block tokens-per-pass
@@ -52,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -72,6 +76,8 @@ PER_ROW_SEEDS = "per-row-seeds"
 STANDARD_REJECTION = "standard-rejection"
 BLOCK_VERIFICATION = "block-verification"
 TREE = "tree"  # verify_tree (spectest.tree_protocol)
+COUNTERS = "counters"  # spectest_counters(): per-row counters of the last verify call, checked against its output
+COUNTER_NAMES = ("emitted_drafts", "accepted_drafts")  # spectest_counters()'s keys ("emitted_drafts" required)
 RAGGED = "ragged-drafts"  # rows with fewer than K drafts (spectest_draft_padding says how they are marked)
 DRAFT_PADDINGS = ("lengths", "minus-one")  # num_draft_tokens=[B] keyword (vLLM), or -1 draft ids (FlashInfer)
 STRIDED = "strided-inputs"  # takes non-contiguous views (on unless the model declares spectest_contiguous_only)
@@ -121,6 +127,7 @@ class Model:
     verify_logits: Callable[..., Any] | None = None
     propose: Callable[..., Any] | None = None
     verify_tree: Callable[..., Any] | None = None
+    counters: Callable[[], Any] | None = None  # spectest_counters: the last verify call's per-row counters
     tree_drafting: str | None = None  # how its trees' siblings are drafted (TREE_DRAFTING)
     filter_order: tuple[str, ...] = DEFAULT_ORDER
     sampling_params: tuple[str, ...] = PARAMETERS
@@ -170,10 +177,12 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
     verify_logits = getattr(obj, "verify_logits", None)
     propose = getattr(obj, "propose", None)
     verify_tree = getattr(obj, "verify_tree", None)
+    counters = getattr(obj, "spectest_counters", None)
     capabilities = set(declared("spectest_capabilities") or ())
     capabilities |= {LOGITS} if callable(verify_logits) else set()
     capabilities |= {PROPOSE} if callable(propose) else set()
     capabilities |= {TREE} if callable(verify_tree) else set()
+    capabilities |= {COUNTERS} if callable(counters) else set()
     capabilities |= set() if declared("spectest_contiguous_only") else {STRIDED}
     drafting = declared("spectest_tree_drafting")
     if callable(verify_tree) and drafting not in TREE_DRAFTING:
@@ -216,6 +225,7 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         verify_logits=verify_logits if callable(verify_logits) else None,
         propose=propose if callable(propose) else None,
         verify_tree=verify_tree if callable(verify_tree) else None,
+        counters=counters if callable(counters) else None,
         tree_drafting=drafting if callable(verify_tree) else None,
         filter_order=order,
         sampling_params=supported,
@@ -294,6 +304,8 @@ def call_verify(
         model, "verify", inputs, timeout, model.verify, ids, draft_probs, target_probs, generator=generator, **extra
     )
     check_emitted(model.name, emitted, draft_token_ids, target_probs.shape[-1], inputs, num_draft_tokens)
+    if model.counters is not None:
+        check_counters(model, emitted, draft_token_ids, inputs, num_draft_tokens, timeout=timeout)
     return emitted
 
 
@@ -464,6 +476,68 @@ def check_emitted(
             f"{int(draft_token_ids[row, col])}, and a later slot is filled: {emitted[row].tolist()} "
             f"(drafts {draft_token_ids[row].tolist()}; {inputs})",
         )
+
+
+def check_counters(
+    model: Model,
+    emitted: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    inputs: str,
+    num_draft_tokens: torch.Tensor | None = None,
+    *,
+    timeout: float | None = None,
+) -> None:
+    """Hold the counters a model reports of its last verify call (``spectest_counters``) to that call's
+    output, row by row, exactly: a kernel's counters feed an engine's acceptance metrics and its scheduler, so
+    a counter that disagrees with the tokens is a bug even when every token is right.
+
+    ``emitted_drafts`` [B] must equal the accepted draft prefix the output shows (its tokens less the one
+    extra); ``accepted_drafts`` [B], when given, counts the drafts that pass their own acceptance test, each
+    considered alone (FlashInfer's ``output_accepted_token_num``): every draft of the emitted prefix passed
+    its test, so it lies between ``emitted_drafts`` and the row's number of drafts. Called after
+    :func:`check_emitted`, so the output is known to be well formed.
+    """
+    __tracebackhide__ = True
+    import torch
+
+    counters = guarded_call(model, "spectest_counters", inputs, timeout, model.counters)
+    if counters is None:
+        return
+    b, k = draft_token_ids.shape
+    if not isinstance(counters, Mapping) or "emitted_drafts" not in counters or not set(counters) <= set(COUNTER_NAMES):
+        got = sorted(counters) if isinstance(counters, Mapping) else type(counters).__name__
+        raise ContractViolation(model.name, rules.COUNTERS_SHAPES, f"got {got} after verify({inputs})")
+    for name, value in counters.items():
+        integer = isinstance(value, torch.Tensor) and not (value.dtype.is_floating_point or value.dtype.is_complex)
+        if not integer or value.dtype == torch.bool or tuple(value.shape) != (b,):
+            shape = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ContractViolation(
+                model.name, rules.COUNTERS_SHAPES, f"{name!r} is {shape}, expected int [{b}] (verify({inputs}))"
+            )
+    shown = emitted_lengths(emitted) - 1  # the drafts the output emits: its tokens but the extra one
+    counted = counters["emitted_drafts"].to(device=emitted.device, dtype=torch.int64)
+    wrong = counted != shown
+    if bool(wrong.any()):
+        row = int(wrong.nonzero()[0])
+        raise ContractViolation(
+            model.name,
+            rules.COUNTED_EMITTED_DRAFTS,
+            f"row {row}: the counter says {int(counted[row])} drafts emitted, the output shows {int(shown[row])}: "
+            f"{emitted[row].tolist()} (drafts {draft_token_ids[row].tolist()}; {inputs})",
+        )
+    if "accepted_drafts" in counters:
+        accepted = counters["accepted_drafts"].to(device=emitted.device, dtype=torch.int64)
+        carried = torch.full_like(shown, k) if num_draft_tokens is None else num_draft_tokens.to(shown)
+        outside = (accepted < shown) | (accepted > carried)
+        if bool(outside.any()):
+            row = int(outside.nonzero()[0])
+            raise ContractViolation(
+                model.name,
+                rules.COUNTED_ACCEPTED_DRAFTS,
+                f"row {row}: the counter says {int(accepted[row])} drafts accepted, but the output shows "
+                f"{int(shown[row])} emitted and the row carries {int(carried[row])}: {emitted[row].tolist()} "
+                f"(drafts {draft_token_ids[row].tolist()}; {inputs})",
+            )
 
 
 def emitted_lengths(emitted: torch.Tensor) -> torch.Tensor:

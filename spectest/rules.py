@@ -23,6 +23,9 @@ DRAFTED_IDS_IN_RANGE = "drafted ids lie in [0, V)"
 DRAFT_PROBS_ARE_DISTRIBUTIONS = "draft_probs are distributions"
 TREE_OUTPUT_SHAPES = "verify_tree returns (path int64 [B, D], token int64 [B])"
 PATH_FOLLOWS_THE_TREE = "the path is a chain from the root under parents, then -1 padding"
+COUNTERS_SHAPES = "spectest_counters returns int [B] tensors: emitted_drafts, optionally accepted_drafts"
+COUNTED_EMITTED_DRAFTS = "the emitted-drafts counter equals the accepted prefix the output shows"
+COUNTED_ACCEPTED_DRAFTS = "the accepted-drafts counter lies between the emitted drafts and the row's draft count"
 
 # Exact rules of the properties
 NEVER_IMPOSSIBLE = "never emits a token the target gives probability zero"
