@@ -3,12 +3,17 @@
 A chain verifier must read the K gathered draft-token probabilities of p and q per row and the
 two V-long rows (p and q at the first rejection, or the bonus row) that the one extra token
 needs; it need not touch the rest of the [B, K+1, V] input. The floor is those bytes (plus
-the ids in and out) over the copy bandwidth measured in the same run; each verifier is
-reported as a multiple of it. Everything is timed in one process, interleaved, best of N.
+the ids in and out) over the copy bandwidth measured in the same run, plus what any call pays
+to start: an empty kernel's launch-to-completion time on CUDA (a trivial op's dispatch on a
+CPU), measured in the same run too, so that B = 1 reads as the launch it is. Each verifier is
+reported as a multiple of that floor and, where a peer is installed (FlashInfer's
+``chain_speculative_sampling``, ``--peer flashinfer``), as a multiple of the peer's time at the
+same shape. Everything is timed in one process, interleaved, best of N. Half-precision rows are
+handed over as they are (each verifier reads them natively or converts them itself).
 
     python benchmarks/bench_verifier.py [--device cpu|cuda] [--models reference,full-residual]
-        [--batch 1,64,512] [--k 4,8] [--vocab 32000,128256] [--dtype float32,bfloat16]
-        [--max-gb 3] [--json out.json]
+        [--peer flashinfer] [--batch 1,64,512] [--k 4,8] [--vocab 32000,128256]
+        [--dtype float32,bfloat16,float16] [--max-gb 3] [--json out.json]
 
 ``full-residual`` is the baseline of the issue that introduced this benchmark: an
 implementation that builds and normalises the residual at every position before looking at
@@ -75,6 +80,20 @@ def copy_bandwidth(device: torch.device, repeats: int) -> float:
     return 2 * COPY_BYTES / best_seconds(lambda: dst.copy_(src), device, repeats)
 
 
+def launch_seconds(device: torch.device, repeats: int) -> float:
+    """What a call pays before any byte moves: an empty kernel launched and completed (CUDA), or a trivial
+    op dispatched (CPU); best of ``repeats`` rounds of 50."""
+    tiny = torch.zeros(1, device=device)
+    rounds = 50
+
+    def launches() -> None:
+        for _ in range(rounds):
+            tiny.add_(0)
+        synchronize(device)
+
+    return best_seconds(launches, device, repeats) / rounds
+
+
 def floor_bytes(batch: int, k: int, vocab: int, itemsize: int) -> int:
     """What a verifier must touch: 2K gathered probabilities and two V-long rows per row, the
     draft ids in and the emitted ids out."""
@@ -99,11 +118,14 @@ def measure(
     dtype: torch.dtype,
     device: torch.device,
     repeats: int,
+    peer: str | None = None,
 ) -> dict[str, Any]:
-    """One shape: the copy bandwidth and every model's best time, measured back to back."""
+    """One shape: the copy bandwidth, the launch latency and every model's best time, measured back to back;
+    each model as a multiple of the floor (bytes over bandwidth, plus the launch) and of ``peer``'s time."""
     drafts, draft, target = inputs(batch, k, vocab, dtype, device)
     bandwidth = copy_bandwidth(device, repeats)
-    floor = floor_bytes(batch, k, vocab, dtype.itemsize) / bandwidth
+    launch = launch_seconds(device, repeats)
+    floor = floor_bytes(batch, k, vocab, dtype.itemsize) / bandwidth + launch
     row: dict[str, Any] = {
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
@@ -111,19 +133,37 @@ def measure(
         "k": k,
         "vocab": vocab,
         "copy_gb_s": bandwidth / 1e9,
+        "launch_s": launch,
         "floor_s": floor,
     }
     for name, verify in models.items():
         gen = make_generator(1, device)
-        seconds = best_seconds(lambda v=verify, g=gen: v(drafts, draft, target, generator=g), device, repeats)
+        try:
+            seconds = best_seconds(lambda v=verify, g=gen: v(drafts, draft, target, generator=g), device, repeats)
+        except Exception as exc:  # a model that cannot take this shape or dtype: said, not fatal to the others
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
         row[f"{name}_s"] = seconds
         row[f"{name}_x_floor"] = seconds / floor
+    if peer is not None and f"{peer}_s" in row:
+        for name in models:
+            if name != peer and f"{name}_s" in row:
+                row[f"{name}_x_{peer}"] = row[f"{name}_s"] / row[f"{peer}_s"]
     return row
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = torch.device(args.device)
-    models = {name: (full_residual if name == "full-residual" else resolve_model(name).verify) for name in args.models}
+    names = list(args.models)
+    peer = None
+    if args.peer:
+        reason = resolve_model(args.peer).unavailable
+        if reason:
+            print(f"peer {args.peer}: not measured ({reason})")
+        else:
+            peer = args.peer
+            names = [*names, peer] if peer not in names else names
+    models = {name: (full_residual if name == "full-residual" else resolve_model(name).verify) for name in names}
     rows = []
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
@@ -134,12 +174,18 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if size > args.max_gb * 2**30:
                         print(f"skip B={batch} K={k} V={vocab} {dtype_name}: inputs {size / 2**30:.1f} GiB > --max-gb")
                         continue
-                    row = measure(models, batch, k, vocab, dtype, device, args.repeats)
+                    row = measure(models, batch, k, vocab, dtype, device, args.repeats, peer)
                     rows.append(row)
-                    cells = "  ".join(f"{n} {row[f'{n}_x_floor']:7.1f}x" for n in models)
+                    cells = "  ".join(
+                        f"{n} {row[f'{n}_x_floor']:7.1f}x"
+                        + (f" ({row[f'{n}_x_{peer}']:.2f}x {peer})" if f"{n}_x_{peer}" in row else "")
+                        if f"{n}_x_floor" in row
+                        else f"{n} failed"
+                        for n in models
+                    )
                     print(
                         f"{dtype_name:9} B={batch:4} K={k} V={vocab:6}  copy {row['copy_gb_s']:6.1f} GB/s  "
-                        f"floor {row['floor_s'] * 1e3:8.3f} ms  {cells}",
+                        f"launch {row['launch_s'] * 1e6:6.1f} us  floor {row['floor_s'] * 1e3:8.3f} ms  {cells}",
                         flush=True,
                     )
     return rows
@@ -153,6 +199,7 @@ def main() -> None:
 
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", type=lambda t: t.split(","), default=["reference", "full-residual"])
+    parser.add_argument("--peer", default=None, help="a model every other is compared with at each shape (flashinfer)")
     parser.add_argument("--batch", type=ints, default=[1, 64, 512])
     parser.add_argument("--k", type=ints, default=[4, 8])
     parser.add_argument("--vocab", type=ints, default=[32000, 128256])
@@ -163,12 +210,13 @@ def main() -> None:
     args = parser.parse_args()
     rows = run(args)
     if rows:
-        for name in args.models:
-            ratios = [r[f"{name}_x_floor"] for r in rows]
-            print(f"{name}: median {statistics.median(ratios):.1f}x the floor over {len(rows)} shapes")
+        for name in dict.fromkeys([*args.models, *([args.peer] if args.peer else [])]):
+            ratios = [r[f"{name}_x_floor"] for r in rows if f"{name}_x_floor" in r]
+            if ratios:
+                print(f"{name}: median {statistics.median(ratios):.1f}x the floor over {len(ratios)} shapes")
     if args.json:
         with open(args.json, "w") as stream:
-            json.dump({"schema": "spectest.bench-verifier/1", "rows": rows}, stream, indent=1)
+            json.dump({"schema": "spectest.bench-verifier/2", "rows": rows}, stream, indent=1)
 
 
 if __name__ == "__main__":

@@ -95,8 +95,8 @@ def check_chain_case(spec, case: sst.ChainCase, *, max_case_elements: int = MAX_
 
     def call(reps: int) -> torch.Tensor:
         drafts = drafter.sample(reps, draft_gen).reshape(-1, case.k)
-        inputs = (drafts, repeat_rows(draft, reps), repeat_rows(target, reps))
-        return spec.verify(*(lay_out(tensor, layout) for tensor in inputs), verify_gen)
+        inputs = (lay_out(drafts, layout), lay_out(draft, layout, reps), lay_out(target, layout, reps))
+        return spec.verify(*inputs, verify_gen)
 
     check_every_position(
         spec,

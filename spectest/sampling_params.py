@@ -155,26 +155,39 @@ def _filter_sorted(
     token stays if the mass strictly before it, in descending order, is below top_p); min-p the
     tokens with probability >= min_p times the top one; each on what the filters before it kept,
     renormalised. Every filter keeps a prefix of the descending order (the most likely token
-    always stays), so what survives is a prefix too and each filter is one comparison along the
-    sorted rows. ``tests/test_sampling_params.py`` holds this to a written-out per-row definition."""
+    always stays), so what survives is a prefix too: each filter shortens a per-row prefix length,
+    one comparison along the sorted rows. ``tests/test_sampling_params.py`` holds this to a
+    written-out per-row definition.
+
+    The kept prefix is written back without a scatter where it ends between two different values
+    (it is then every token at least as likely as its last one); only a row whose prefix splits a
+    tie (top-p can) takes the sort's own order, as before."""
     ordered, index = probs.sort(dim=-1, descending=True)
-    keep = torch.ones_like(ordered, dtype=torch.bool)
     vocab = ordered.shape[-1]
+    kept = torch.full(ordered.shape[:-1], vocab, dtype=torch.int64, device=ordered.device)  # prefix lengths
+    positions = torch.arange(vocab, device=ordered.device)
     for name in names:
-        on = _per_row(active[name], ordered).bool()
+        on = active[name].view(-1, *([1] * (ordered.dim() - 2)))
         if name == "top_k":
             k = values[name].clamp(1, vocab).view(-1, *([1] * (ordered.dim() - 1))).expand(*ordered.shape[:-1], 1)
-            cut = ordered >= ordered.gather(-1, k - 1)
+            cut = (ordered >= ordered.gather(-1, k - 1)).sum(dim=-1)
         else:
-            current = ordered * keep
+            current = torch.where(positions < kept.unsqueeze(-1), ordered, 0.0)
             current = current / current.sum(dim=-1, keepdim=True)
             if name == "top_p":
-                cut = current.cumsum(dim=-1) - current < _per_row(values[name], ordered)
+                cut = (current.cumsum(dim=-1) - current < _per_row(values[name], ordered)).sum(dim=-1)
             else:
-                cut = current >= _per_row(values[name], ordered) * current[..., :1]
-        keep &= cut | ~on
-    kept = ordered * keep
-    return torch.zeros_like(kept).scatter_(-1, index, kept / kept.sum(dim=-1, keepdim=True))
+                cut = (current >= _per_row(values[name], ordered) * current[..., :1]).sum(dim=-1)
+        kept = torch.where(on, torch.minimum(kept, cut), kept)
+    last = ordered.gather(-1, (kept - 1).unsqueeze(-1))
+    following = ordered.gather(-1, kept.clamp(max=vocab - 1).unsqueeze(-1))
+    clean = (kept == vocab) | (following.squeeze(-1) < last.squeeze(-1))  # no tie split at the prefix's end
+    out = torch.where(probs >= last, probs, 0.0)
+    if not bool(clean.all()):
+        split = ~clean
+        in_order = torch.where(positions < kept[split].unsqueeze(-1), ordered[split], 0.0)
+        out[split] = torch.zeros_like(in_order).scatter_(-1, index[split], in_order)
+    return out / out.sum(dim=-1, keepdim=True)
 
 
 def process_logits(
@@ -189,21 +202,22 @@ def process_logits(
     vocab = logits.shape[-1]
     values = {name: getattr(params, name).to(logits.device) for name in (*before, *after)}
     active = {name: filter_active(name, values[name], vocab) & ~greedy for name in values}
-    probs = torch.softmax(logits / _per_row(temperature, logits), dim=-1)
+    probs = torch.softmax(logits / _per_row(temperature, logits), dim=-1)  # this call's own: changed in place
     if before:
         cut = _filtered(torch.softmax(logits, dim=-1), before, values, active)
         if cut is not None:
             rows, untempered = cut
             kept = probs[rows] * (untempered > 0)
-            probs = probs.index_copy(0, rows, kept / kept.sum(dim=-1, keepdim=True))
+            probs.index_copy_(0, rows, kept / kept.sum(dim=-1, keepdim=True))
     filtered = _filtered(probs, after, values, active)
     if filtered is not None:
         rows, kept = filtered
-        probs = probs.index_copy(0, rows, kept)
+        probs.index_copy_(0, rows, kept)
     if not bool(greedy.any()):
         return probs
-    argmax = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).to(probs.dtype)
-    return torch.where(_per_row(greedy, probs).bool(), argmax, probs)
+    rows = greedy.nonzero().flatten()
+    probs.index_copy_(0, rows, torch.nn.functional.one_hot(logits[rows].argmax(dim=-1), vocab).to(probs.dtype))
+    return probs
 
 
 def _filtered(

@@ -22,37 +22,48 @@ LAYOUTS = ("contiguous", "k-slice", "vocab-padded", "every-other-row", "vocab-ma
 STRIDED_LAYOUTS = LAYOUTS[1:]
 
 
-def lay_out(tensor: torch.Tensor, layout: str) -> torch.Tensor:
-    """``tensor`` [N, K, V] (probabilities) or [N, K] (ids) as a view in ``layout``."""
-    if layout == "contiguous":
+def lay_out(tensor: torch.Tensor, layout: str, reps: int = 1) -> torch.Tensor:
+    """``reps`` copies of ``tensor`` [N, K, V] (probabilities) or [N, K] (ids), stacked along dim 0 (copy r of row
+    b at r * N + b, as :func:`~spectest.cases.tensors.repeat_rows` stacks them), as a view in ``layout``.
+
+    The copies are written once, straight into the buffer, and only the padding around the view is filled: the
+    same values, strides and offsets as laying out a repeated tensor, without writing the repeated rows twice."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; one of {LAYOUTS}")
+    if layout == "contiguous" and reps == 1:
         return tensor.contiguous()
     fill = 0 if not tensor.is_floating_point() else 1.0 / tensor.shape[-1]
+    n = tensor.shape[0] * reps
+    rest = tuple(tensor.shape[1:])
 
     def buffer(*shape: int) -> torch.Tensor:
-        return torch.full(shape, fill, dtype=tensor.dtype, device=tensor.device)
+        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
 
-    n = tensor.shape[0]
-    if layout == "k-slice":  # positions 1..K of a buffer with K + 3 of them (position 0 is the previous step's)
-        room = buffer(n, tensor.shape[1] + 3, *tensor.shape[2:])
-        room[:, 1 : tensor.shape[1] + 1] = tensor
-        return room[:, 1 : tensor.shape[1] + 1]
-    if layout == "vocab-padded":  # columns 64.. of rows padded to the next multiple of 128, plus 128
+    if layout == "contiguous":
+        room = buffer(n, *rest)
+        view = room
+    elif layout == "k-slice":  # positions 1..K of a buffer with K + 3 of them (position 0 is the previous step's)
+        room = buffer(n, rest[0] + 3, *rest[1:])
+        room[:, :1].fill_(fill)
+        room[:, rest[0] + 1 :].fill_(fill)
+        view = room[:, 1 : rest[0] + 1]
+    elif layout == "vocab-padded":  # columns 64.. of rows padded to the next multiple of 128, plus 128
         width = tensor.shape[-1]
-        room = buffer(*tensor.shape[:-1], (width // 128 + 2) * 128)
-        room[..., 64 : 64 + width] = tensor
-        return room[..., 64 : 64 + width]
-    if layout == "every-other-row":
-        room = buffer(2 * n, *tensor.shape[1:])
-        room[1::2] = tensor
-        return room[1::2]
-    if layout == "vocab-major":  # the last dimension outermost in memory, after one row of another tensor
-        order = (tensor.dim() - 1, *range(tensor.dim() - 1))
-        back = (*range(1, tensor.dim()), 0)
-        major = tensor.permute(order)
-        room = buffer(major.shape[0] + 1, *major.shape[1:])
-        room[1:] = major
-        return room[1:].permute(back)
-    raise ValueError(f"unknown layout {layout!r}; one of {LAYOUTS}")
+        room = buffer(n, *rest[:-1], (width // 128 + 2) * 128)
+        room[..., :64].fill_(fill)
+        room[..., 64 + width :].fill_(fill)
+        view = room[..., 64 : 64 + width]
+    elif layout == "every-other-row":
+        room = buffer(2 * n, *rest)
+        room[0::2].fill_(fill)
+        view = room[1::2]
+    else:  # vocab-major: the last dimension outermost in memory, after one row of another tensor
+        major = (tensor.shape[-1], n, *rest[:-1])
+        room = buffer(major[0] + 1, *major[1:])
+        room[:1].fill_(fill)
+        view = room[1:].permute(*range(1, len(major)), 0)
+    view.unflatten(0, (reps, tensor.shape[0])).copy_(tensor.unsqueeze(0).expand(reps, *tensor.shape))
+    return view
 
 
 def describe(tensor: torch.Tensor) -> str:

@@ -53,6 +53,7 @@ def verify(
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+SUM_CHUNK = 1 << 18  # elements widened at a time for a half row sum: a float32 chunk that stays in cache
 
 
 def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
@@ -60,7 +61,11 @@ def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
     0 / it stays 0); None for float32 and float64, which are used as given."""
     if probs.dtype not in HALF_DTYPES:
         return None
-    return probs.sum(dim=-1, keepdim=True, dtype=torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
+    # Widened, then summed, a few rows at a time: torch's half sum with a float32 accumulator is several times
+    # slower on a CPU, and a float32 copy of every row at once would be written to memory and read back.
+    rows = max(1, SUM_CHUNK // max(1, probs[0].numel()))
+    sums = [chunk.float().sum(dim=-1, keepdim=True) for chunk in probs.split(rows)]
+    return (sums[0] if len(sums) == 1 else torch.cat(sums)).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def working_dtype(probs: torch.Tensor) -> torch.dtype:
@@ -104,15 +109,17 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
 
     rows = torch.arange(batch, device=device)
     at_draft = n_accepted.clamp(max=k - 1)
-    p_next = widened(target_probs[rows, n_accepted], None if p_scale is None else p_scale[rows, n_accepted])
-    q_next = widened(draft_probs[rows, at_draft], None if q_scale is None else q_scale[rows, at_draft])
+    p_next = widened(rows_at(target_probs, n_accepted), None if p_scale is None else p_scale[rows, n_accepted])
+    q_next = widened(rows_at(draft_probs, at_draft), None if q_scale is None else q_scale[rows, at_draft])
     # One fused pass: p - q after a rejection, p itself (the bonus) when every draft was accepted.
     rejected = (n_accepted < drafted).to(p_next.dtype).unsqueeze(-1)
-    residual = torch.addcmul(p_next, q_next, rejected, value=-1).clamp_min_(0)
+    # In place: p_next is this call's own copy (selected rows, or widened ones), and a fresh [B, V] costs page faults.
+    residual = p_next.addcmul_(q_next, rejected, value=-1).clamp_min_(0)
     # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
     empty = residual.amax(dim=-1) <= 0
     if bool(empty.any()):
-        residual[empty] = p_next[empty]
+        again = widened(rows_at(target_probs, n_accepted), None if p_scale is None else p_scale[rows, n_accepted])
+        residual[empty] = again[empty]
     extra = sample(residual)
 
     slots = torch.arange(k + 1, device=device)
@@ -120,6 +127,17 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     emitted[:, :k] = torch.where(slots[:k] < n_accepted.unsqueeze(1), draft_token_ids, PAD)
     emitted[rows, n_accepted] = extra
     return emitted
+
+
+def rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``probs[b, positions[b]]`` for every row b: [B, V]. Where rows and positions share one stride pattern
+    (any layout whose first two dimensions merge: contiguous, a vocabulary padded past its width, vocabulary-major)
+    it is one ``index_select`` of whole rows, several times faster on a CPU than advanced indexing."""
+    batch, width = probs.shape[0], probs.shape[1]
+    if probs.stride(0) == width * probs.stride(1):
+        merged = probs.as_strided((batch * width, probs.shape[2]), (probs.stride(1), probs.stride(2)))
+        return merged.index_select(0, torch.arange(batch, device=probs.device) * width + positions)
+    return probs[torch.arange(batch, device=probs.device), positions]
 
 
 def row_uniforms(

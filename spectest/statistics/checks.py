@@ -131,6 +131,7 @@ class DistributionCheck:
             self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
         self.counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
+        self._zero_cells: np.ndarray | None = None
         self.draws = 0
         self.next_look = min(first_look, self.planned)
         self.min_draws = min_draws
@@ -213,11 +214,14 @@ class DistributionCheck:
 
     def impossible(self) -> tuple[int, int, int] | None:
         """(group, cell, count) of the first cell observed although its probability is zero."""
-        hits = np.argwhere((self.probs <= 0) & (self.counts > 0))
-        if hits.size == 0:
+        if self._zero_cells is None:  # the cells of probability zero, found once: looking costs a gather
+            self._zero_cells = np.flatnonzero(self.probs <= 0)
+        seen = self.counts.ravel()[self._zero_cells]
+        hit = np.flatnonzero(seen > 0)
+        if hit.size == 0:
             return None
-        g, c = (int(i) for i in hits[0])
-        return g, c, int(self.counts[g, c])
+        g, c = np.unravel_index(int(self._zero_cells[hit[0]]), self.counts.shape)
+        return int(g), int(c), int(seen[hit[0]])
 
     def result(self) -> FitResult:
         """The verdict: the view with the smallest p-value, its p-value Bonferroni-corrected."""

@@ -261,7 +261,8 @@ def chisquare_groups(check: str, groups: list[Group], *, alpha: float, worst: in
         sizes.append(group_n)
         contributions = (obs - exp) ** 2 / exp
         top = np.argsort(contributions)[-worst:]
-        cells += [(float(contributions[i]), group.describe_bin(bins, int(i)), float(exp[i]), int(obs[i])) for i in top]
+        # Named later, only the few that make the message: naming a bin scans its group's cells.
+        cells += [(float(contributions[i]), group, bins, int(i), float(exp[i]), int(obs[i])) for i in top]
     if not sizes:
         return _sparse_check(check, groups, alpha=alpha, seed=seed)
     obs, exp = np.concatenate(obs_parts), np.concatenate(exp_parts)
@@ -284,7 +285,7 @@ def chisquare_groups(check: str, groups: list[Group], *, alpha: float, worst: in
         tv_interval=tv_interval(obs, exp, group_n, group_of_bin),
         g_statistic=float(g_test.statistic),
         g_p_value=float(g_test.pvalue),
-        worst_cells=[(label, exp_, obs_) for _, label, exp_, obs_ in cells[:worst]],
+        worst_cells=[(group.describe_bin(bins, i), exp_, obs_) for _, group, bins, i, exp_, obs_ in cells[:worst]],
     )
 
 
