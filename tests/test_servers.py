@@ -383,6 +383,8 @@ def test_a_parameter_taken_then_refused_or_answered_with_a_server_error_fails(sh
     outcome = run.results[(name, OUTPUT)]
     assert outcome.outcome == "failed" and outcome.failure["rule"] == rules.DOES_NOT_RAISE, run.explain(name, OUTPUT)
     assert "min_p" in outcome.text and _left_out(run, name) == {}
+    if flavour == "errors_on_min_p":  # what the probe met is said with the failure
+        assert "before any property, " in outcome.text and "probe of min_p" in outcome.text, outcome.text
 
 
 @pytest.mark.parametrize("flavour", ["empty_models", "llamacpp", None])
@@ -399,9 +401,11 @@ def test_a_server_whose_dialect_cannot_be_told_is_a_usage_error_before_any_prope
     assert run.returncode == pytest.ExitCode.USAGE_ERROR and not run.results, run.output[-2000:]
     (line,) = [line for line in run.output.splitlines() if "cannot tell the server's dialect" in line]
     assert line.startswith("ERROR: --spec-engine 'openai:http://127.0.0.1:") and "openai+mlx:" in line, line
-    assert {"empty_models": "model list got malformed JSON from /v1/models: ''", "llamacpp": "owned by 'llamacpp'", None: "ConnectError"}[
-        flavour
-    ] in line
+    assert {
+        "empty_models": "model list got malformed JSON from /v1/models: ''",
+        "llamacpp": "owned by 'llamacpp'",
+        None: "ConnectError",
+    }[flavour] in line
 
 
 def test_a_server_that_closes_idle_keep_alive_connections_passes_at_16_in_flight(shim, tmp_path):

@@ -205,6 +205,7 @@ class ServerEngine:
             raise ValueError(f"--spec-concurrency must be >= 1, got {concurrency}")
         self.concurrency, self.timeout = concurrency, timeout
         self._api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.probe_failures: list[str] = []  # what a probe met that was not a refusal (a 5xx, no reply)
         if self.dialect is None and importlib.util.find_spec("httpx") is not None:
             self.dialect = self._detect()
         self.target = load_scorer(target, which="target", engine=self) if target else None
@@ -318,6 +319,9 @@ class ServerEngine:
         except ServerError as exc:
             if exc.status in REFUSALS and name in exc.reply:
                 return f"HTTP {exc.status}: {' '.join(exc.reply.split())[:300]}"
+            # Not a refusal: the parameter stays in the plan, and what the probe met is said with every later
+            # failure (a probe that crashes the server leaves the properties only a closed port to report).
+            self.probe_failures.append(f"before any property, {' '.join(str(exc).split())[:400]}")
         return None
 
     @property
@@ -470,14 +474,19 @@ class ServerEngine:
     async def _request(
         self, client: Any, method: str, path: str, payload: Any, label: str, body: dict[str, Any] | None = None
     ) -> Any:
-        return await send(
-            client,
-            name=self.name,
-            url=self.url,
-            method=method,
-            path=path,
-            payload=payload,
-            label=label,
-            query=self.query,
-            body=body,
-        )
+        try:
+            return await send(
+                client,
+                name=self.name,
+                url=self.url,
+                method=method,
+                path=path,
+                payload=payload,
+                label=label,
+                query=self.query,
+                body=body,
+            )
+        except ServerError as exc:
+            if not self.probe_failures:
+                raise
+            raise ServerError(f"{exc}; {'; '.join(self.probe_failures)}", status=exc.status, reply=exc.reply) from None
