@@ -229,6 +229,42 @@ def _filtered(
     rows = torch.stack([active[n] for n in names]).any(dim=0).nonzero().flatten()
     if not rows.numel():  # only the rows that filter anything, sorted once: each filter keeps a prefix of that order
         return None
-    return rows, _filter_sorted(
-        probs[rows], names, {n: values[n][rows] for n in names}, {n: active[n][rows] for n in names}
-    )
+    if "top_p" not in names:  # top-k and min-p are thresholds: no sort needed
+        return rows, _filter_thresholds(
+            probs[rows], {n: values[n][rows] for n in names}, {n: active[n][rows] for n in names}
+        )
+    sorted_rows = active["top_p"][rows]
+    out = torch.empty_like(probs[rows])
+    for part, where in ((True, sorted_rows), (False, ~sorted_rows)):
+        chosen = rows[where]
+        if not chosen.numel():
+            continue
+        picked = {n: values[n][chosen] for n in names}, {n: active[n][chosen] for n in names}
+        out[where] = (
+            _filter_sorted(probs[chosen], names, *picked) if part else _filter_thresholds(probs[chosen], *picked)
+        )
+    return rows, out
+
+
+def _filter_thresholds(
+    probs: torch.Tensor, values: dict[str, torch.Tensor], active: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """Top-k and min-p without a sort, in any order, renormalised: each keeps the tokens at or above a threshold
+    (the k-th largest probability of the row; min_p times the row's largest, which every filter keeps and
+    renormalising scales alike), so together they keep the tokens at or above the larger threshold, the set
+    :func:`_filter_sorted` keeps for these rows."""
+    vocab = probs.shape[-1]
+    threshold = torch.zeros((*probs.shape[:-1], 1), dtype=probs.dtype, device=probs.device)
+    shape = (-1, *([1] * (probs.dim() - 1)))
+    if "top_k" in values and bool(active["top_k"].any()):
+        k = values["top_k"].clamp(1, vocab)
+        top = probs.topk(int(k[active["top_k"]].max()), dim=-1).values
+        kth = top.gather(
+            -1, (torch.minimum(k, torch.tensor(top.shape[-1])) - 1).view(shape).expand(*probs.shape[:-1], 1)
+        )
+        threshold = torch.where(active["top_k"].view(shape), torch.maximum(threshold, kth), threshold)
+    if "min_p" in values and bool(active["min_p"].any()):
+        floor = _per_row(values["min_p"], probs) * probs.amax(dim=-1, keepdim=True)
+        threshold = torch.where(active["min_p"].view(shape), torch.maximum(threshold, floor), threshold)
+    kept = torch.where(probs >= threshold, probs, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
