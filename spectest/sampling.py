@@ -7,6 +7,10 @@ from collections.abc import Iterator
 
 import torch
 
+# Same-size integers: 16-bit floats are copied and gathered as bits (torch's bfloat16 copies and index_select run
+# several times slower on a CPU than the same bytes as int16).
+BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A torch.Generator on ``device`` seeded with ``seed`` (every draw must come from one)."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from spectest.cases.tensors import copy_repeated
+
 LAYOUTS = ("contiguous", "k-slice", "vocab-padded", "every-other-row", "vocab-major")
 STRIDED_LAYOUTS = LAYOUTS[1:]
 
@@ -62,7 +64,7 @@ def lay_out(tensor: torch.Tensor, layout: str, reps: int = 1) -> torch.Tensor:
         room = buffer(major[0] + 1, *major[1:])
         room[:1].fill_(fill)
         view = room[1:].permute(*range(1, len(major)), 0)
-    view.unflatten(0, (reps, tensor.shape[0])).copy_(tensor.unsqueeze(0).expand(reps, *tensor.shape))
+    copy_repeated(view, tensor, reps)
     return view
 
 

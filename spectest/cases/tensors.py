@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from spectest.sampling import RepeatedCategorical, sample_categorical
+from spectest.sampling import BITS, RepeatedCategorical, sample_categorical
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -57,5 +57,17 @@ def draw_drafts(draft_probs: torch.Tensor, generator: torch.Generator) -> torch.
 
 
 def repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
-    """``times`` copies of the batch stacked along dim 0 (copy r of row b sits at r * B + b)."""
-    return tensor.repeat(times, *([1] * (tensor.dim() - 1)))
+    """``times`` copies of the batch stacked along dim 0 (copy r of row b sits at r * B + b): the same tensor as
+    ``tensor.repeat``, written by one copy from a broadcast view (several times faster on a CPU)."""
+    out = torch.empty((times * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    copy_repeated(out, tensor, times)
+    return out
+
+
+def copy_repeated(out: torch.Tensor, tensor: torch.Tensor, times: int) -> None:
+    """Write ``times`` copies of ``tensor`` [N, ...] into ``out`` [times * N, ...] (any strides), copy r at rows
+    r * N .. (r + 1) * N - 1."""
+    bits = BITS.get(tensor.dtype)
+    if bits is not None:
+        out, tensor = out.view(bits), tensor.view(bits)
+    out.unflatten(0, (times, tensor.shape[0])).copy_(tensor.unsqueeze(0).expand(times, *tensor.shape))

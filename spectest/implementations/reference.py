@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from spectest.protocol import DEFAULT_ORDER, PAD
-from spectest.sampling import inverse_cdf_blocked, make_generator, sample_categorical
+from spectest.sampling import BITS, inverse_cdf_blocked, make_generator, sample_categorical
 from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
 
 spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
@@ -136,7 +136,11 @@ def rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     batch, width = probs.shape[0], probs.shape[1]
     if probs.stride(0) == width * probs.stride(1):
         merged = probs.as_strided((batch * width, probs.shape[2]), (probs.stride(1), probs.stride(2)))
-        return merged.index_select(0, torch.arange(batch, device=probs.device) * width + positions)
+        bits = BITS.get(probs.dtype)  # half rows are copied as 16-bit integers: torch's bf16 index_select is slow
+        rows = torch.arange(batch, device=probs.device) * width + positions
+        if bits is None:
+            return merged.index_select(0, rows)
+        return merged.view(bits).index_select(0, rows).view(probs.dtype)
     return probs[torch.arange(batch, device=probs.device), positions]
 
 
