@@ -144,3 +144,41 @@ def test_a_sequential_rejection_states_e_values_past_the_float_range():
     head = fit.summary().splitlines()[0]
     assert "e-value 3.88e+868 >= 1/alpha = 8e+05" in head and "anytime-valid p <= 2.58e-869" in head, head
     assert not fit.passed
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.08])
+def test_counts_kept_on_their_device_give_the_same_verdict_as_numpy_counts(shift):
+    """A check fed torch tensors (as on a GPU, where the counts stay on the device and only bin totals cross) draws
+    the same verdict, p-value, e-value and impossible cell as the same counts fed as numpy arrays. Run here on CPU
+    tensors: the code path is the device's."""
+    import torch
+
+    from spectest.statistics.checks import DistributionCheck
+
+    rng = np.random.default_rng(3)
+    probs = rng.dirichlet(np.full(40, 0.5), size=6)
+    probs[:, :3] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    drawn = probs.copy()
+    drawn[:, 3] += shift
+    drawn /= drawn.sum(axis=1, keepdims=True)
+    checks = [DistributionCheck("x", probs, alpha=1e-4, tolerance=0.1, min_draws=20, max_draws=5000) for _ in range(2)]
+    batches = []
+    while not checks[0].done:
+        n = checks[0].next_batch(400)
+        counts = np.stack([rng.multinomial(n, row) for row in drawn])
+        batches.append((counts, n))
+        checks[0].add(counts, n)
+        checks[1].add(torch.from_numpy(counts.copy()), n)
+        assert checks[0].done == checks[1].done and checks[0].log_e == pytest.approx(checks[1].log_e, rel=1e-12)
+    assert checks[1].done and np.array_equal(checks[0].counts, checks[1].counts)
+    first, second = checks[0].result(), checks[1].result()
+    assert (first.passed, first.p_value, first.statistic) == (second.passed, second.p_value, second.statistic)
+    assert first.passed == (shift == 0.0)
+    planted = batches[0][0].copy()
+    planted[2, 1] = 5  # a count in a cell of probability zero
+    for check, counts in ((checks[0], planted), (checks[1], torch.from_numpy(planted))):
+        check.add(counts, 1)
+        assert check.impossible() == (2, 1, 5)
+    with pytest.raises(TypeError, match="every batch"):
+        checks[1].add(planted, 1)

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import logsumexp
@@ -45,6 +46,58 @@ class _View:
     orders: Orders
     bin_index: np.ndarray  # [G, C] global bin id, -1 for impossible or unplanned cells
     eprocess: MixtureEProcess
+
+
+class _DeviceTally:
+    """A check's counts on the device that made them (torch tensors): looks bin them there, so a look moves the
+    views' bin totals, not the table; the table crosses to the CPU when read, once per new batch."""
+
+    def __init__(self, like: Any, views: Sequence[_View]) -> None:
+        import torch
+
+        self.counts = torch.zeros(like.shape, dtype=torch.int64, device=like.device)
+        self.pending = torch.zeros_like(self.counts)
+        self.bins = []
+        for view in views:
+            valid = view.bin_index >= 0
+            self.bins.append(
+                (
+                    torch.from_numpy(np.flatnonzero(valid)).to(like.device),
+                    torch.from_numpy(view.bin_index[valid]).to(like.device),
+                    view.eprocess.counts.size,
+                )
+            )
+        self._table: np.ndarray | None = None
+
+    def add(self, counts: Any) -> None:
+        self.counts += counts
+        self.pending += counts
+        self._table = None
+
+    def look(self) -> list[np.ndarray]:
+        """Each view's bin totals of the counts not yet looked at (float64, as numpy's weighted bincount)."""
+        import torch
+
+        flat = self.pending.view(-1)
+        binned = [
+            torch.bincount(index, weights=flat[cells].double(), minlength=size).cpu().numpy()
+            for cells, index, size in self.bins
+        ]
+        self.pending.zero_()
+        return binned
+
+    def waiting(self) -> bool:
+        return bool(self.pending.any())
+
+    def at(self, cells: np.ndarray) -> np.ndarray:
+        import torch
+
+        return self.counts.view(-1)[torch.from_numpy(cells).to(self.counts.device)].cpu().numpy()
+
+    def table(self) -> np.ndarray:
+        if self._table is None:
+            self._table = self.counts.cpu().numpy()
+        return self._table
 
 
 def token_id_orders(groups: int, cells: int) -> Orders:
@@ -129,9 +182,10 @@ class DistributionCheck:
             if measured is not None:
                 self.planned = max(self.planned, min(max_draws, MEASURED_DRAWS))
             self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
-        self.counts = np.zeros(probs.shape, dtype=np.int64)
+        self._counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
         self._zero_cells: np.ndarray | None = None
+        self._device: _DeviceTally | None = None  # counts kept where they were made (see add)
         self.draws = 0
         self.next_look = min(first_look, self.planned)
         self.min_draws = min_draws
@@ -168,15 +222,38 @@ class DistributionCheck:
             size = min(size, max(1, room, self.min_draws - self.draws))
         return size
 
-    def add(self, counts: np.ndarray, draws: int) -> None:
+    def add(self, counts: Any, draws: int) -> None:
         """Fold in the cell counts [G, C] of ``draws`` more draws. The e-processes look at doubling
         draw counts (256, 512, ...) and at the plan: gross bugs stop after a few hundred draws,
-        and monitoring costs a handful of updates however many calls the sampling took."""
+        and monitoring costs a handful of updates however many calls the sampling took.
+
+        ``counts`` is a numpy array, or a torch tensor on the subject's device (a GPU): then the counts stay
+        there, each look bins them there, and only the views' bin totals cross to the CPU (the whole table once,
+        when the verdict is drawn)."""
         with self._statistics():
-            self._add(counts, draws)
+            if isinstance(counts, np.ndarray):
+                if self._device is not None:
+                    raise TypeError("a check fed counts on a device takes every batch there")
+                self._add(counts, draws)
+            else:
+                if self._device is None:
+                    if self.draws:
+                        raise TypeError("a check fed numpy counts takes every batch as numpy")
+                    self._device = _DeviceTally(counts, self.views)
+                self._device.add(counts)
+                self.draws += draws
+                if self.draws >= self.next_look:
+                    for view, binned in zip(self.views, self._device.look(), strict=True):
+                        view.eprocess.update(binned)
+                    self._advance_look()
+
+    @property
+    def counts(self) -> np.ndarray:
+        """The cell counts so far [G, C] (from the device, if they were kept there, at each read)."""
+        return self._device.table() if self._device is not None else self._counts
 
     def _add(self, counts: np.ndarray, draws: int) -> None:
-        self.counts += counts
+        self._counts += counts
         self.pending += counts
         self.draws += draws
         if self.draws < self.next_look:
@@ -188,6 +265,9 @@ class DistributionCheck:
             )
             view.eprocess.update(binned)
         self.pending[:] = 0
+        self._advance_look()
+
+    def _advance_look(self) -> None:
         self.next_look = min(self.planned, 2 * self.draws) if self.draws < self.planned else self.draws + 1
 
     @property
@@ -210,17 +290,18 @@ class DistributionCheck:
 
     @property
     def done(self) -> bool:
-        return self.rejected_early or (self.draws >= self.planned and not self.pending.any()) or self.out_of_time
+        waiting = self._device.waiting() if self._device is not None else bool(self.pending.any())
+        return self.rejected_early or (self.draws >= self.planned and not waiting) or self.out_of_time
 
     def impossible(self) -> tuple[int, int, int] | None:
         """(group, cell, count) of the first cell observed although its probability is zero."""
         if self._zero_cells is None:  # the cells of probability zero, found once: looking costs a gather
             self._zero_cells = np.flatnonzero(self.probs <= 0)
-        seen = self.counts.ravel()[self._zero_cells]
+        seen = self._device.at(self._zero_cells) if self._device is not None else self._counts.ravel()[self._zero_cells]
         hit = np.flatnonzero(seen > 0)
         if hit.size == 0:
             return None
-        g, c = np.unravel_index(int(self._zero_cells[hit[0]]), self.counts.shape)
+        g, c = np.unravel_index(int(self._zero_cells[hit[0]]), self.probs.shape)
         return int(g), int(c), int(seen[hit[0]])
 
     def result(self) -> FitResult:
