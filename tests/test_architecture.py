@@ -189,6 +189,7 @@ def test_installing_puts_no_top_level_package_but_spectest(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"spectest", wheel.name.split("-py")[0] + ".dist-info"}
     assert "spectest/properties/test_exactness.py" in names and "spectest/simulators/chain.py" in names
+    assert "spectest/gpu/cuda/chain.cu" in names, "reference-cupy compiles its CUDA source on first use"
 
 
 def floors(arrows: dict[str, set[str]]) -> dict[str, int]:

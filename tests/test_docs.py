@@ -155,6 +155,13 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "pytest --spec-model mine.py:sampler --spec-max-tv 0.05": (COLLECT, 4),
     "pytest --spec-engine transformers-assisted --spec-target ./big --spec-draft ./small": (COLLECT, 4),
     "pytest --spec-model reference-triton --spec-device cuda": (COLLECT, 4),  # CUDA only
+    "pytest --spec-model reference-cupy --spec-device cuda": (COLLECT, 4),  # CUDA only
+    "pytest tests/test_compile_gate.py": (COLLECT, 0),
+    "python -m spectest.gpu.compile_gate": (HELP, 0),
+    "python -m spectest.gpu.launch_once reference-cupy 3 4 1025 bfloat16 --layout padded": (HELP, 0),
+    # docs/tutorials/gpu-kernel.md: the GPU check (a GPU machine's; tests/test_gpu_check.py runs its --plan)
+    "OUT=gpu-out bash .ci/gpu-check": (SHELL, 0),
+    "bash .ci/gpu-check --plan": (SHELL, 0),
     "pytest --spec-engine transformers-assisted": (COLLECT, 0),
     "pytest --spec-engine transformers-assisted --spec-seed 1": (COLLECT, 0),
     "pytest --spec-model examples/wrap_my_sampler.py:ADAPTER --spec-model transformers --spec-seed 11": (COLLECT, 0),
@@ -294,7 +301,7 @@ def test_documented_pytest_commands_resolve_and_scripts_start(command, tmp_path)
     if argv[0] == "pytest":
         argv = [sys.executable, "-m", "pytest", *argv[1:], "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"]
     else:
-        argv = [sys.executable, *argv[1:2], "--help"]
+        argv = [sys.executable, *argv[1 : 3 if argv[1] == "-m" else 2], "--help"]  # a script, or -m module
     done = subprocess.run(
         argv, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **env, "COLUMNS": "200"}
     )

@@ -5,8 +5,14 @@ case replicated over up to 1500 rows: the per-position distributions of the corr
 match the target exactly (chi-square through the harness's engine at 1e-4, TV 0.1 at power 0.99), and
 each deliberately broken kernel must fail: residual from position 0 and the acceptance uniform
 reused statistically (the e-process stops them after a few hundred rows), an id past V through
-the exact output contract. With CUDA the same tests run the compiled kernel on CUDA tensors; the
-whole suite runs on it too: ``pytest --spec-model reference-triton --spec-device cuda``.
+the exact output contract. Beside the statistics, an exact check: for the same inputs and uniforms the
+kernel emits exactly what tests/chain_emulation.py's algorithm emits, every variant, every dtype it
+declares (bf16 and fp16 normalised by their row sums), strided and unaligned rows, an empty residual, ids
+outside V (the CUDA kernel of reference-cupy is held to the same emulation in tests/test_cupy.py, which
+makes the two kernels agree token for token). With CUDA the same tests run the compiled kernel on CUDA
+tensors; the whole suite runs on it too: ``pytest --spec-model reference-triton --spec-device cuda``.
+Whether it compiles for a GPU at all is tests/test_compile_gate.py's question: the interpreter runs
+kernels the compiler rejects.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from spectest.protocol import PAD, ContractViolation, Model, call_verify
 from spectest.sampling import RepeatedCategorical, make_generator
 from spectest.statistics.checks import DistributionCheck
 from spectest.suite.positions import reach_probabilities
+from tests.chain_emulation import cases_for, emulate_chain, kernel_case
 
 ROWS, K, V = 1500, 3, 12
 BATCH = 250  # rows per kernel call: the checks look after each, and a broken kernel stops early
@@ -97,3 +104,19 @@ def test_broken_triton_kernels_fail_the_distribution_check(bug):
 def test_triton_kernel_with_an_id_past_v_breaks_the_contract():
     with pytest.raises(ContractViolation, match="ids lie in \\[0, V\\)"):
         run_kernel("id_past_v", BATCH, seed=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_triton_kernel_emits_what_the_algorithm_emits(dtype):
+    from spectest.gpu import triton as triton_reference
+
+    assert str(dtype).removeprefix("torch.") in triton_reference.TRITON_REFERENCE.spectest_dtypes
+    for bug, cases in cases_for(dtype).items():
+        for number, (batch, k, vocab, layout, kind) in enumerate(cases):
+            case = kernel_case(
+                batch, k, vocab, dtype, seed=100 + 10 * bug + number, layout=layout, kind=kind, device=DEVICE
+            )
+            model = triton_reference.TritonReference(bug)
+            got = model.verify(case.drafts, case.q, case.p, generator=make_generator(case.seed, DEVICE)).cpu().numpy()
+            want = emulate_chain(case.drafts, case.q, case.p, case.u, case.v, bug)
+            assert np.array_equal(got, want), f"variant {bug}, {layout} {kind}:\n{got}\nexpected\n{want}"

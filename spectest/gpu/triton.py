@@ -4,8 +4,13 @@ One program per row: the K acceptance tests (K gathered probabilities of p and q
 sweeps over the one V-long row pair that the extra token needs (the residual at the first
 rejection, or the bonus row): the first sums it, the second finds the inverse-CDF cell. The
 uniforms come from the caller's generator (drawn with torch on the device), so a printed seed
-replays a run. Runs on CUDA; on a CPU, Triton's interpreter (``TRITON_INTERPRET=1``) runs the
-same kernel slowly, which is how the harness's own tests exercise it without a GPU.
+replays a run. bf16 and fp16 rows are read as they come and normalised by their row sums
+(:mod:`spectest.gpu.chain_inputs` says how); float64 rows are worked on in float64. Runs on
+CUDA; on a CPU, Triton's interpreter (``TRITON_INTERPRET=1``) runs the same kernel slowly, which
+is how the harness's own tests exercise it without a GPU, and the compile gate
+(:mod:`spectest.gpu.compile_gate`) compiles it for sm_80 and sm_90 without one: the interpreter
+runs kernels the compiler rejects (module globals that are not ``tl.constexpr``, a variable that
+is a scalar in one loop and a block in another).
 
 ``BROKEN`` variants (residual from position 0, an id past V from the padded last tile, the
 acceptance uniform reused for the extra token) are the deliberately buggy kernels the suite
@@ -14,47 +19,95 @@ must catch.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
 import torch
 
+from spectest.availability import missing
+from spectest.gpu.chain_inputs import (
+    BROKEN_VARIANTS,
+    CORRECT,
+    ID_PAST_V,
+    KERNEL_DTYPES,
+    PAST_V_TARGET,
+    RESIDUAL_FROM_POSITION_0,
+    UNIFORM_REUSED,
+    chain_inputs,
+    draw_uniforms,
+)
 from spectest.protocol import PAD
 
-CORRECT, RESIDUAL_FROM_POSITION_0, ID_PAST_V, UNIFORM_REUSED = 0, 1, 2, 3
+LARGEST_BLOCK = 1024  # the tile the sweeps read; smaller vocabularies get the next power of two (at least 16)
+# Triton's pointer types of the probability dtypes (for the compile gate's signatures).
+POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "bfloat16": "*bf16", "float16": "*fp16"}
+# Launch options the gate compiles with too: no fused multiply-add, so that p Q - q P (half precision's residual)
+# rounds exactly as the CuPy kernel's and the emulation's do, and a residual that is exactly zero stays zero.
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
-def _unavailable() -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return "the 'triton' package is not installed"
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        return "Triton needs a CUDA GPU (or TRITON_INTERPRET=1 to run its interpreter on the CPU)"
-    return None
+def unavailable(*, interpreter_allowed: bool = True) -> str | None:
+    """Why the Triton kernel cannot run here: no triton, or no CUDA GPU and (when ``interpreter_allowed``) no
+    ``TRITON_INTERPRET=1``, under which Triton's interpreter runs it on the CPU."""
+    if (reason := missing("triton")) is not None:
+        return reason
+    if interpreter_allowed and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return missing("triton", gpu=True, hint="or TRITON_INTERPRET=1 to run its interpreter on the CPU")
+
+
+def block_size(vocab: int, largest: int = LARGEST_BLOCK) -> int:
+    """The sweeps' tile: the next power of two of V, at least 16 (tl.arange's smallest) and at most ``largest``."""
+    return min(largest, max(16, 1 << (vocab - 1).bit_length()))
 
 
 _KERNEL: Any = None
-row_block: Any = None  # a @triton.jit helper; Triton resolves callees among module globals
+# @triton.jit helpers: Triton resolves a kernel's callees among its module's globals, so they live here.
+row_sum: Any = None
+cell_weights: Any = None
+PAST_V_CELL: Any = None  # PAST_V_TARGET as a tl.constexpr: a kernel may read no other kind of global
+# triton.language, bound on first use: Triton 3.2 and 3.3 evaluate the kernels' annotations ("tl.constexpr", strings
+# under `from __future__ import annotations`) among the module's globals.
+tl: Any = None
 
 
-def _kernel() -> Any:
-    """Compile-on-first-use, so that importing this module never imports triton."""
-    global _KERNEL, row_block
+def chain_kernel() -> Any:
+    """The @triton.jit kernel, defined on first use, so that importing this module never imports triton."""
+    global _KERNEL, row_sum, cell_weights, PAST_V_CELL, tl
     if _KERNEL is not None:
         return _KERNEL
     import triton
     import triton.language as tl
 
+    PAST_V_CELL = tl.constexpr(PAST_V_TARGET)
+
     @triton.jit
-    def row_block(p_next, q_next, offs, vocab, BUG: tl.constexpr):
-        """One block of the row pair (float32); the ID_PAST_V variant also reads the cell past the row."""
-        inside = offs < (vocab + 1 if BUG == ID_PAST_V else vocab)
-        p = tl.load(p_next + offs, mask=inside, other=0.0).to(tl.float32)
-        q = tl.load(q_next + offs, mask=inside, other=0.0).to(tl.float32)
-        if BUG == ID_PAST_V:
-            p = tl.where(offs == vocab, 0.05, p)  # the padded cell reads memory past the row
+    def row_sum(row, vocab, BLOCK: tl.constexpr):
+        """A probability row's sum in float64 (half precision's normaliser)."""
+        total = tl.zeros((), tl.float64)
+        for start in range(0, vocab, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            values = tl.load(row + offs, mask=offs < vocab, other=0.0)
+            total += tl.sum(values.to(tl.float64), 0)
+        return total
+
+    @triton.jit
+    def cell_weights(p_row, q_row, offs, vocab, read_q, p_scale, q_scale, PAST_V: tl.constexpr, WIDE: tl.constexpr):
+        """(max(0, p * p_scale - q * q_scale), p) over one tile, in float64 (WIDE) or float32; q is read only
+        when ``read_q``. The PAST_V variant also counts the cell at V, as if the padded tile had read p 0.05, q 0
+        there."""
+        p_raw = tl.load(p_row + offs, mask=offs < vocab, other=0.0)
+        q_raw = tl.load(q_row + offs, mask=offs < tl.where(read_q, vocab, 0), other=0.0)
+        if WIDE:
+            p = p_raw.to(tl.float64)
+            q = q_raw.to(tl.float64)
+        else:
+            p = p_raw.to(tl.float32)
+            q = q_raw.to(tl.float32)
+        if PAST_V:
+            p = tl.where(offs == vocab, PAST_V_CELL, p)
             q = tl.where(offs == vocab, 0.0, q)
-        return p, q
+        return tl.maximum(p * p_scale - q * q_scale, 0.0), p
 
     @triton.jit
     def chain(
@@ -65,61 +118,105 @@ def _kernel() -> Any:
         v_ptr,
         out,
         vocab,
+        d_row,
+        d_pos,
         q_row,
         q_pos,
         p_row,
         p_pos,
         K: tl.constexpr,
         BLOCK: tl.constexpr,
-        BUG: tl.constexpr,
+        RESIDUAL_FROM_0: tl.constexpr,
+        PAST_V: tl.constexpr,
+        REUSE_U: tl.constexpr,
+        HALF: tl.constexpr,
+        WIDE: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         accepted = tl.full((), 0, tl.int32)
         going = tl.full((), 1, tl.int32)
+        # Row sums of the pair the residual is taken from (half precision's normalisers; 1 otherwise).
+        p_sum_at = tl.full((), 1.0, tl.float64)
+        q_sum_at = tl.full((), 1.0, tl.float64)
         for i in tl.static_range(K):
-            d = tl.load(drafts + row * K + i)
-            p = tl.load(p_ptr + row * p_row + i * p_pos + d).to(tl.float32)
-            q = tl.load(q_ptr + row * q_row + i * q_pos + d).to(tl.float32)
+            d = tl.load(drafts + row * d_row + i * d_pos)
+            valid = (d >= 0) & (d < vocab)  # an id outside [0, V) is rejected, never read
+            p_at = p_ptr + row * p_row + i * p_pos
+            q_at = q_ptr + row * q_row + i * q_pos
+            p_d = tl.load(p_at + d, mask=valid, other=0.0)
+            q_d = tl.load(q_at + d, mask=valid, other=0.0)
             u = tl.load(u_ptr + row * K + i)
-            going = going * (u * q < p).to(tl.int32)
+            if HALF:
+                p_sum = tl.full((), 1.0, tl.float64)
+                q_sum = tl.full((), 1.0, tl.float64)
+                if going > 0:  # a position's rows are summed only when it is tested
+                    p_sum = row_sum(p_at, vocab, BLOCK)
+                    q_sum = row_sum(q_at, vocab, BLOCK)
+                accept = u.to(tl.float64) * q_d.to(tl.float64) * p_sum < p_d.to(tl.float64) * q_sum
+                if RESIDUAL_FROM_0:
+                    if i == 0:
+                        p_sum_at = p_sum
+                        q_sum_at = q_sum
+                else:
+                    rejected_here = (going > 0) & (accept == 0)
+                    p_sum_at = tl.where(rejected_here, p_sum, p_sum_at)
+                    q_sum_at = tl.where(rejected_here, q_sum, q_sum_at)
+            elif WIDE:
+                accept = u.to(tl.float64) * q_d.to(tl.float64) < p_d.to(tl.float64)
+            else:
+                accept = u * q_d.to(tl.float32) < p_d.to(tl.float32)
+            going = going * (accept & valid).to(tl.int32)
             accepted += going
             tl.store(out + row * (K + 1) + i, tl.where(going > 0, d, -1))
         rejected = accepted < K
-        position = accepted if BUG != RESIDUAL_FROM_POSITION_0 else accepted * 0
-        q_position = tl.minimum(position, K - 1)
-        scale = rejected.to(tl.float32)
+        position = accepted
+        if RESIDUAL_FROM_0:
+            position = accepted * 0
         p_next = p_ptr + row * p_row + position * p_pos  # the one row pair the extra token needs
-        q_next = q_ptr + row * q_row + q_position * q_pos
-        # Sweep 1: mass of the residual (and of p, the fallback if rounding emptied the residual).
+        q_next = q_ptr + row * q_row + tl.minimum(position, K - 1) * q_pos  # read only after a rejection
+        # Residual weights max(0, p Q - q P) (P = Q = 1 unless half precision); the bonus and the fallback: p.
+        if WIDE:
+            p_scale = tl.where(rejected, q_sum_at, 1.0)
+            q_scale = tl.where(rejected, p_sum_at, 0.0)
+        else:
+            p_scale = tl.where(rejected, q_sum_at.to(tl.float32), 1.0)
+            q_scale = tl.where(rejected, p_sum_at.to(tl.float32), 0.0)
+        cells = vocab + 1 if PAST_V else vocab
+        # Sweep 1: the weights' total (and p's, the fallback if rounding emptied the residual).
         residual_total = tl.zeros((), tl.float64)
         p_total = tl.zeros((), tl.float64)
-        for start in range(0, vocab, BLOCK):
+        for start in range(0, cells, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            p, q = row_block(p_next, q_next, offs, vocab, BUG)
-            residual_total += tl.sum(tl.maximum(p - scale * q, 0.0).to(tl.float64), 0)
+            weights, p = cell_weights(p_next, q_next, offs, vocab, rejected, p_scale, q_scale, PAST_V, WIDE)
+            residual_total += tl.sum(weights.to(tl.float64), 0)
             p_total += tl.sum(p.to(tl.float64), 0)
         use_p = residual_total <= 0
-        scale = tl.where(use_p, 0.0, scale)
+        read_q = rejected & (use_p == 0)
+        p_scale = tl.where(use_p, 1.0, p_scale)
+        q_scale = tl.where(use_p, 0.0, q_scale)
         total = tl.where(use_p, p_total, residual_total)
-        if BUG == UNIFORM_REUSED:
+        if REUSE_U and K > 0:
             v = tl.load(u_ptr + row * K + tl.minimum(accepted, K - 1)).to(tl.float64)
         else:
             v = tl.load(v_ptr + row)
         goal = v * total
-        # Sweep 2: the first cell whose cumulative mass exceeds the goal (never a zero cell).
+        # Sweep 2: the first cell whose cumulative mass exceeds the goal (never a zero cell), tile by tile up to the
+        # tile that holds it; past the last tile (a float64 sum's last bit), the row's last positive cell.
         running = tl.zeros((), tl.float64)
         found = tl.full((), -1, tl.int64)
         last_positive = tl.full((), -1, tl.int64)
-        for start in range(0, vocab, BLOCK):
+        start = tl.full((), 0, tl.int32)
+        while (start < cells) & (found < 0):
             offs = start + tl.arange(0, BLOCK)
-            p, q = row_block(p_next, q_next, offs, vocab, BUG)
-            w = tl.maximum(p - scale * q, 0.0).to(tl.float64)
-            cumulative = running + tl.cumsum(w, 0)
-            hit = (cumulative > goal) & (w > 0)
+            start += BLOCK
+            weights, _ = cell_weights(p_next, q_next, offs, vocab, read_q, p_scale, q_scale, PAST_V, WIDE)
+            wide_weights = weights.to(tl.float64)
+            cumulative = running + tl.cumsum(wide_weights, 0)
+            hit = (cumulative > goal) & (wide_weights > 0)
             first = tl.min(tl.where(hit, offs, 2**30), 0).to(tl.int64)
             found = tl.where((found < 0) & (first < 2**30), first, found)
-            last_positive = tl.maximum(last_positive, tl.max(tl.where(w > 0, offs, -1), 0).to(tl.int64))
-            running += tl.sum(w, 0)
+            last_positive = tl.maximum(last_positive, tl.max(tl.where(wide_weights > 0, offs, -1), 0).to(tl.int64))
+            running += tl.sum(wide_weights, 0)
         extra = tl.where(found >= 0, found, last_positive)
         tl.store(out + row * (K + 1) + accepted, extra)
 
@@ -127,55 +224,75 @@ def _kernel() -> Any:
     return chain
 
 
+def constexprs(k: int, block: int, bug: int, dtype: str) -> dict[str, int | bool]:
+    """The kernel's compile-time arguments for one launch (the compile gate compiles the same ones)."""
+    return {
+        "K": k,
+        "BLOCK": block,
+        "RESIDUAL_FROM_0": bug == RESIDUAL_FROM_POSITION_0,
+        "PAST_V": bug == ID_PAST_V,
+        "REUSE_U": bug == UNIFORM_REUSED,
+        "HALF": dtype in ("bfloat16", "float16"),
+        "WIDE": dtype == "float64",
+    }
+
+
+def signature(dtype: str) -> dict[str, str]:
+    """The runtime arguments' Triton types for ``dtype`` probabilities (the int arguments as int32, which is how
+    Triton specialises them below 2**31)."""
+    probs = POINTER_TYPES[dtype]
+    uniforms = "*fp64" if dtype == "float64" else "*fp32"
+    pointers = {"drafts": "*i64", "q_ptr": probs, "p_ptr": probs, "u_ptr": uniforms, "v_ptr": "*fp64", "out": "*i64"}
+    ints = {name: "i32" for name in ("vocab", "d_row", "d_pos", "q_row", "q_pos", "p_row", "p_pos")}
+    return {**pointers, **ints}
+
+
 class TritonReference:
     """The chain verifier as one fused Triton kernel (see the module docstring)."""
 
     spectest_capabilities = frozenset({"standard-rejection"})
+    spectest_dtypes = KERNEL_DTYPES
 
-    def __init__(self, bug: int = CORRECT, block: int = 1024) -> None:
+    def __init__(self, bug: int = CORRECT, block: int = LARGEST_BLOCK) -> None:
         self.bug = bug
         self.block = block
 
     @property
     def spectest_unavailable(self) -> str | None:
-        return _unavailable()
+        return unavailable()
 
     def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
-        batch, k = draft_token_ids.shape
-        vocab = target_probs.shape[-1]
-        device = draft_token_ids.device
-        u = torch.rand((batch, k), generator=generator, device=device, dtype=torch.float32)
-        v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
-        out = torch.full((batch, k + 1), PAD, dtype=torch.int64, device=device)
+        drafts, q, p = chain_inputs(draft_token_ids, draft_probs, target_probs)
+        batch, k = drafts.shape
+        vocab = p.shape[-1]
+        u, v = draw_uniforms(batch, k, p.dtype, generator, drafts.device)
+        out = torch.full((batch, k + 1), PAD, dtype=torch.int64, device=drafts.device)
         if batch == 0:
             return out
-        q, p = draft_probs.contiguous(), target_probs.contiguous()
-        _kernel()[(batch,)](
-            draft_token_ids.contiguous(),
+        dtype = str(p.dtype).removeprefix("torch.")
+        chain_kernel()[(batch,)](
+            drafts,
             q,
             p,
             u,
             v,
             out,
             vocab,
+            drafts.stride(0),
+            drafts.stride(1),
             q.stride(0),
             q.stride(1),
             p.stride(0),
             p.stride(1),
-            K=k,
-            BLOCK=min(self.block, max(16, 1 << (vocab - 1).bit_length())),
-            BUG=self.bug,
+            **constexprs(k, block_size(vocab, self.block), self.bug, dtype),
+            **COMPILE_OPTIONS,
         )
         return out
 
 
 TRITON_REFERENCE = TritonReference()
 # Deliberately broken kernels: each must fail the suite.
-BROKEN = {
-    "residual_from_position_0": TritonReference(RESIDUAL_FROM_POSITION_0),
-    "id_past_v": TritonReference(ID_PAST_V),
-    "uniform_reused": TritonReference(UNIFORM_REUSED),
-}
+BROKEN = {name: TritonReference(bug) for name, bug in BROKEN_VARIANTS.items()}
 residual_from_position_0 = BROKEN["residual_from_position_0"]
 id_past_v = BROKEN["id_past_v"]
 uniform_reused = BROKEN["uniform_reused"]

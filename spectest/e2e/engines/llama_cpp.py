@@ -33,13 +33,13 @@ property on fresh objects of the same GGUFs (:func:`pass_components`).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from spectest.availability import missing
 from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
 from spectest.e2e.protocol import SEEDED
 from spectest.e2e.tiny_pair import TeacherForcedLogits
@@ -51,9 +51,9 @@ F32 = 0  # GGML_TYPE_F32
 
 
 def unavailable() -> str | None:
-    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("transformers") is None:
-        return "llama-cpp-python is not installed (pip install -e '.[llamacpp]', in an environment of its own)"
-    return None
+    return missing(
+        "llama_cpp", "transformers", hint="llama-cpp-python: pip install -e '.[llamacpp]', in an environment of its own"
+    )
 
 
 def converter_folder() -> Path:

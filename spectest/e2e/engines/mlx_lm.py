@@ -24,9 +24,9 @@ same, so the sampling is. The engine runs in a child process (:mod:`spectest.e2e
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
+from spectest.availability import missing
 from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import SEEDED
 from spectest.e2e.tiny_pair import TeacherForcedLogits
@@ -36,9 +36,7 @@ ORDER = ("top_p", "min_p", "top_k", "temperature")
 
 
 def unavailable() -> str | None:
-    if importlib.util.find_spec("mlx") is None or importlib.util.find_spec("mlx_lm") is None:
-        return "mlx and mlx-lm are not installed (pip install -e '.[mlx]', in an environment of its own)"
-    return None
+    return missing("mlx", "mlx_lm", hint="pip install -e '.[mlx]', in an environment of its own")
 
 
 def passes_from_flags(from_draft: list[bool], k: int, max_new_tokens: int) -> tuple[list[int], list[int]]:

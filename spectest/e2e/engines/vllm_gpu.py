@@ -15,7 +15,6 @@ a GPU (no device was lent to the session that wrote it).
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 import zlib
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from spectest.availability import missing
 from spectest.e2e.pair import K, build_pair, teacher_forced
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED, TOKEN_WISE
 from spectest.sampling_params import NO_SEED, SamplingParams
@@ -41,13 +41,7 @@ class VllmEngine:
 
     @property
     def spectest_unavailable(self) -> str | None:
-        if importlib.util.find_spec("vllm") is None:
-            return "vLLM is not installed"
-        if not torch.cuda.is_available():
-            return "vLLM needs a CUDA GPU"
-        if importlib.util.find_spec("transformers") is None:
-            return "transformers is not installed (the pair is built with it)"
-        return None
+        return missing("vllm", gpu=True) or missing("transformers", hint="the pair is built with it")
 
     @property
     def pair(self) -> tuple[Any, Any]:
