@@ -46,14 +46,17 @@ def verify(
         draft_probs,
         target_probs,
         u,
-        lambda weights: inverse_cdf_blocked(weights, v),
+        ExtraToken(v),
         lengths=num_draft_tokens,
         scales=scales,
     )
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-SUM_CHUNK = 1 << 18  # elements widened at a time for a half row sum: a float32 chunk that stays in cache
+SUM_CHUNK = 1 << 18
+CHUNK_BYTES = (
+    4 << 20
+)  # a chunk of rows' working rows: in cache on the CPUs it runs on (L2 to L3)  # elements widened at a time for a half row sum: a float32 chunk that stays in cache
 
 
 def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
@@ -88,7 +91,14 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the
     extra token; ``lengths`` [B]: drafts per row (default K); ``scales``: (q, p) row sums [B, K, 1]
     and [B, K + 1, 1] of unnormalised half inputs: every value read is widened to float32 and divided
-    by its row's sum (what :func:`working_precision` gives, without widening the untouched rows)."""
+    by its row's sum (what :func:`working_precision` gives, without widening the untouched rows).
+
+    ``sample`` may be a :class:`ExtraToken` (the rows' own uniforms): the extra tokens are then drawn a few rows
+    at a time; any other callable gets every row's weights at once."""
+    chunked = isinstance(sample, ExtraToken)
+    if not chunked:
+        whole = sample
+        sample = lambda weights, part: whole(weights)  # noqa: E731
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
     # -1 padding past a short row is never read as a token (and costs nothing when no row is short).
@@ -109,24 +119,52 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
 
     rows = torch.arange(batch, device=device)
     at_draft = n_accepted.clamp(max=k - 1)
-    p_next = widened(rows_at(target_probs, n_accepted), None if p_scale is None else p_scale[rows, n_accepted])
-    q_next = widened(rows_at(draft_probs, at_draft), None if q_scale is None else q_scale[rows, at_draft])
-    # One fused pass: p - q after a rejection, p itself (the bonus) when every draft was accepted.
-    rejected = (n_accepted < drafted).to(p_next.dtype).unsqueeze(-1)
-    # In place: p_next is this call's own copy (selected rows, or widened ones), and a fresh [B, V] costs page faults.
-    residual = p_next.addcmul_(q_next, rejected, value=-1).clamp_min_(0)
-    # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
-    empty = residual.amax(dim=-1) <= 0
-    if bool(empty.any()):
-        again = widened(rows_at(target_probs, n_accepted), None if p_scale is None else p_scale[rows, n_accepted])
-        residual[empty] = again[empty]
-    extra = sample(residual)
+    rejected = n_accepted < drafted
+
+    def extra_tokens(part: slice) -> torch.Tensor:
+        """The extra token of the rows in ``part``: from the residual after a rejection, from p itself (the bonus)
+        when every draft was accepted."""
+        accepted_here, at_here, local = n_accepted[part], at_draft[part], rows[part] - part.start
+        p_next = widened(
+            rows_at(target_probs[part], accepted_here), None if p_scale is None else p_scale[part][local, accepted_here]
+        )
+        q_next = widened(
+            rows_at(draft_probs[part], at_here), None if q_scale is None else q_scale[part][local, at_here]
+        )
+        # In place: p_next is this call's own copy (selected rows, or widened ones).
+        residual = p_next.addcmul_(q_next, rejected[part].to(p_next.dtype).unsqueeze(-1), value=-1).clamp_min_(0)
+        # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
+        empty = residual.amax(dim=-1) <= 0
+        if bool(empty.any()):
+            again = rows_at(target_probs[part], accepted_here)
+            residual[empty] = widened(again, None if p_scale is None else p_scale[part][local, accepted_here])[empty]
+        return sample(residual, part)
+
+    # A few rows at a time, so that their two rows and the residual stay in cache and no call allocates (and
+    # page-faults) a [B, V] tensor: the same arithmetic, row by row, whatever the chunk.
+    row_bytes = target_probs.shape[-1] * max(4, target_probs.element_size())
+    step = max(1, CHUNK_BYTES // row_bytes) if chunked else batch
+    if step >= batch:
+        extra = extra_tokens(slice(0, batch))
+    else:
+        extra = torch.cat([extra_tokens(slice(start, min(batch, start + step))) for start in range(0, batch, step)])
 
     slots = torch.arange(k + 1, device=device)
     emitted = torch.full((batch, k + 1), PAD, dtype=torch.int64, device=device)
     emitted[:, :k] = torch.where(slots[:k] < n_accepted.unsqueeze(1), draft_token_ids, PAD)
     emitted[rows, n_accepted] = extra
     return emitted
+
+
+class ExtraToken:
+    """The extra token by inverse CDF at each row's own uniform ``v`` [B] (float64): callable on any rows' weights
+    with the rows they are (a slice), so :func:`verify_at` can draw a few rows at a time."""
+
+    def __init__(self, v: torch.Tensor) -> None:
+        self.v = v
+
+    def __call__(self, weights: torch.Tensor, part: slice) -> torch.Tensor:
+        return inverse_cdf_blocked(weights, self.v[part])
 
 
 def rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -186,7 +224,7 @@ class ReferenceSampler:
         q = process_logits(draft_logits, params, order=self.spectest_filter_order)
         k = draft_token_ids.shape[1]
         u, v = row_uniforms(params, k, generator, device=draft_token_ids.device, dtype=p.dtype)
-        return verify_at(draft_token_ids, q, p, u, lambda weights: inverse_cdf_blocked(weights, v))
+        return verify_at(draft_token_ids, q, p, u, ExtraToken(v))
 
     def propose(
         self, draft_logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator
