@@ -97,13 +97,25 @@ def test_loops_split_their_time_into_phases_and_stop_after_the_passes_asked():
 
 
 def test_own_clock_counts_a_sleep_and_names_itself():
-    started = OWN_CLOCK()
-    time.sleep(0.05)
-    elapsed = OWN_CLOCK() - started
+    """The own clock charges a sleep to the thread (wall minus run-queue wait), and never runs ahead of wall time.
+
+    Up to five sleeps: a loaded kernel can now and then book part of a sleep as run-queue wait (CI saw 4.5 ms of a
+    50 ms sleep once, beside two busy workers), so one sleep counted in full shows the clock counts waits; a clock
+    that never does (CPU time) fails all five."""
+    counted = []
+    for _ in range(5):
+        started, wall = OWN_CLOCK(), time.perf_counter()
+        time.sleep(0.05)
+        elapsed, wall = OWN_CLOCK() - started, time.perf_counter() - wall
+        assert elapsed <= wall + 1e-3, f"own clock {elapsed:.4f} s ran ahead of wall time {wall:.4f} s"
+        counted.append(elapsed)
+        if OWN_CLOCK.counts_waits and elapsed >= 0.049:
+            break
     if OWN_CLOCK.counts_waits:  # wall minus run-queue delay: a sleep is the thread's own time
-        assert elapsed >= 0.049 and "schedstat" in OWN_CLOCK.name
+        assert max(counted) >= 0.049, f"no 50 ms sleep of five counted in full: {counted}"
+        assert "schedstat" in OWN_CLOCK.name
     else:  # CPU time: a sleep costs nothing
-        assert elapsed < 0.049 and OWN_CLOCK.name == "thread CPU time"
+        assert max(counted) < 0.049 and OWN_CLOCK.name == "thread CPU time"
 
 
 def test_phase_fit_separates_bonus_and_rejection_costs():

@@ -8,6 +8,11 @@ synchronisation). That is the quantity a speed model predicts, and it barely mov
 machine gets busy. Elsewhere the clock falls back to the thread's CPU time, which excludes
 voluntary waits too (a verifier that sleeps then looks free), and says so in its name.
 
+The kernel's count is not perfect: on a loaded machine it can now and then book part of a sleep as
+run-queue wait (CI once saw 4.5 ms of a 50 ms sleep; a sleeping task that the load balancer moves
+is a plausible cause), so a single wait can read short. It never reads long, which is the side a
+speed verdict must not err on; repeats and medians absorb the rest.
+
 Measure on one thread: the clock is per thread, so the timed work must run on the calling
 thread (``single_threaded`` pins torch's intra-op pool to one thread while timing).
 """
