@@ -353,8 +353,8 @@ def test_a_parameter_refused_up_front_is_left_out_and_said_in_the_servers_words(
     exactly otherwise passes: min-p is learned before any property and left out of every request (the requests
     are mixed: min-p would be drawn), and the header, the summary and the results file say so with the server's
     words. A user may declare it instead (``#without=min_p``): then nothing is asked. The same-seed property draws
-    mixed requests (min-p among them) in seconds; the output property with min-p left out runs against real
-    ``vllm serve`` deployments in the vLLM tier (tests/test_real_servers.py), so it is not repeated on the shim."""
+    mixed requests (min-p among them) in seconds; the output property with min-p left out is the slow tier's (with
+    the idle-closing server, below)."""
     refusing, exact = shim("refuses_min_p"), shim("exact")
     engines = [
         "--spec-engine",
@@ -410,14 +410,19 @@ def test_a_server_whose_dialect_cannot_be_told_is_a_usage_error_before_any_prope
 
 
 @pytest.mark.slow
-def test_a_server_that_closes_idle_keep_alive_connections_passes_at_16_in_flight(shim, tmp_path):
-    """The exact shim on HTTP/1.1 keep-alive connections that it closes when idle, as ``http.server`` does, passes
-    the output and same-seed properties at 16 requests in flight (the race itself, a request written on a pooled
-    connection as the server closes it, is shown in README line 2 by the test after this one)."""
-    name = f"openai+vllm:{shim('closes_idle')}"
-    run = run_pytest(["--spec-engine", f"{name}{DECLARED}", *QUICK, "-k", "follows_the_target or same_seed"], tmp_path)
-    for prop in (OUTPUT, "test_same_seed_same_output"):
-        assert run.results[(name, prop)].outcome == "passed", run.explain(name, prop)
+def test_exact_servers_that_refuse_min_p_or_close_idle_connections_pass_at_16_in_flight(shim, tmp_path):
+    """Two exact stand-ins, in one run at 16 requests in flight: one refuses min-p with vLLM's 400 (learned up front
+    and left out, the output property passes on the rest of the plan), one closes idle HTTP/1.1 keep-alive
+    connections as ``http.server`` does (passes the output and same-seed properties; the race itself, a request
+    written on a pooled connection as the server closes it, is shown in README line 2 by the test after this one)."""
+    refusing, closing = f"openai+vllm:{shim('refuses_min_p')}", f"openai+vllm:{shim('closes_idle')}"
+    engines = ["--spec-engine", f"{refusing}{DECLARED}", "--spec-engine", f"{closing}{DECLARED}"]
+    run = run_pytest([*engines, *QUICK, "-k", "follows_the_target or same_seed"], tmp_path)
+    for name in (refusing, closing):
+        for prop in (OUTPUT, "test_same_seed_same_output"):
+            assert run.results[(name, prop)].outcome == "passed", run.explain(name, prop)
+    assert "not yet supported with speculative decoding" in _left_out(run, refusing)["min_p"]
+    assert _left_out(run, closing) == {}
 
 
 def test_a_request_that_got_no_reply_is_sent_once_more_and_a_second_silence_is_the_servers(shim):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from spectest.availability import missing
+from spectest.e2e.cases import request_seed
 from spectest.e2e.isolated import SPECULATION_OFF, IsolatedWithDraft
 from spectest.e2e.protocol import BATCH_INVARIANT, SEEDED
 from spectest.e2e.tiny_pair import TeacherForcedLogits
@@ -98,8 +99,6 @@ class OpenVINOEngine(TeacherForcedLogits):
         return og.ContinuousBatchingPipeline(str(self.target_ir), scheduler, "CPU", properties)
 
     def _configs(self, params: Any, max_new_tokens: int, seed: int, *, draft: bool) -> list[Any]:
-        from spectest.e2e import tiny_pair
-
         configs = []
         for row in range(params.batch_size):
             config = self.og.GenerationConfig()
@@ -114,7 +113,7 @@ class OpenVINOEngine(TeacherForcedLogits):
                 config.min_p = float(params.min_p[row])
             else:
                 config.do_sample = False
-            config.rng_seed = tiny_pair.request_seed(params, row, seed)
+            config.rng_seed = request_seed(params, row, seed)
             if draft and self.confidence is not None:
                 config.assistant_confidence_threshold = self.confidence
             elif draft:
