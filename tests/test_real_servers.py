@@ -41,7 +41,8 @@ ENGINE_RULES = (rules.DOES_NOT_RAISE, rules.FIRST_TOKENS, rules.NEVER_IMPOSSIBLE
 
 
 @pytest.mark.slow
-def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_ngram(tmp_path):
+@pytest.mark.parametrize("configuration", ["off", "draft", "ngram"])  # one test each: xdist runs two side by side
+def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_ngram(tmp_path, configuration):
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("httpx") is None:
         pytest.skip("vllm (the CPU build) and httpx are not installed here (the vLLM tier of .ci/run has them)")
     from spectest.e2e import tiny_pair
@@ -49,36 +50,35 @@ def test_vllm_serve_passes_without_speculation_and_fails_with_a_draft_model_or_n
 
     pair = tiny_pair.pair(0)
     # the Python-API engines' configurations (vllm-cpu-off, -draft, -ngram), served
-    configs = {name: speculative_config(name, str(pair.draft)) for name in ("off", "draft", "ngram")}
+    config = speculative_config(configuration, str(pair.draft))
     # Every server's prompt_logprobs equal the checkpoint's log-softmax; the draft-model server is judged scored
     # by them (--spec-target server), the others by the checkpoint (the control runs every check to its plan, and
     # a full-vocabulary JSON reply per sequence costs the server more CPU than the checkpoint costs the harness).
-    scorers = {"off": str(pair.target), "draft": "server", "ngram": str(pair.target)}
-    for name, config in configs.items():
-        with vllm_server(str(pair.target), config, str(tmp_path / f"{name}.log")) as url:
-            engine = f"openai+vllm:{url}#seeded"
-            assert_scores_as_the_checkpoint(url, str(pair.target))
-            (tmp_path / name).mkdir()
-            workers = ["-n", "2"] if config is None else ["-n", "0"]  # a crash must not reach the other worker's
-            run = run_pytest(
-                ["--spec-engine", engine, "--spec-target", scorers[name], "--spec-seed", "1", *QUICK, *workers],
-                tmp_path / name,
-                timeout=900,
-            )
-        shown = f"openai+vllm:{url}"
-        (described,) = [e for e in run.document["environment"]["engines"] if e["name"] == shown]
+    scorer = {"off": str(pair.target), "draft": "server", "ngram": str(pair.target)}[configuration]
+    with vllm_server(str(pair.target), config, str(tmp_path / f"{configuration}.log")) as url:
+        engine = f"openai+vllm:{url}#seeded"
+        assert_scores_as_the_checkpoint(url, str(pair.target))
+        (tmp_path / configuration).mkdir()
+        workers = ["-n", "2"] if config is None else ["-n", "0"]  # a crash must not reach the other worker's
+        run = run_pytest(
+            ["--spec-engine", engine, "--spec-target", scorer, "--spec-seed", "1", *QUICK, *workers],
+            tmp_path / configuration,
+            timeout=900,
+        )
+    shown = f"openai+vllm:{url}"
+    (described,) = [e for e in run.document["environment"]["engines"] if e["name"] == shown]
+    if config is None:
+        assert described["left_out"] == {}, described
+    else:  # vLLM's documented limit, learned from its own 400, not failed
+        assert "not yet supported with speculative decoding" in described["left_out"].get("min_p", ""), described
+    for prop in PROPERTIES:
+        outcome = run.results.get((shown, prop))
+        assert outcome is not None, f"{prop} not in the run: {run.output[-2000:]}"
+        assert (outcome.failure or {}).get("kind") != "harness", run.explain(shown, prop)
         if config is None:
-            assert described["left_out"] == {}, described
-        else:  # vLLM's documented limit, learned from its own 400, not failed
-            assert "not yet supported with speculative decoding" in described["left_out"].get("min_p", ""), described
-        for prop in PROPERTIES:
-            outcome = run.results.get((shown, prop))
-            assert outcome is not None, f"{prop} not in the run: {run.output[-2000:]}"
-            assert (outcome.failure or {}).get("kind") != "harness", run.explain(shown, prop)
-            if config is None:
-                assert outcome.outcome == "passed", run.explain(shown, prop)
-            else:
-                assert outcome.outcome == "failed" and outcome.failure["rule"] in ENGINE_RULES, run.explain(shown, prop)
+            assert outcome.outcome == "passed", run.explain(shown, prop)
+        else:
+            assert outcome.outcome == "failed" and outcome.failure["rule"] in ENGINE_RULES, run.explain(shown, prop)
 
 
 def assert_scores_as_the_checkpoint(url: str, target: str) -> None:
