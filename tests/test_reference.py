@@ -89,3 +89,69 @@ def test_blocked_inverse_cdf_lands_on_the_cell_whose_step_holds_the_uniform(voca
     assert torch.equal(inverse_cdf_blocked(weights, (low + high) / 2 / cdf[:, -1]), cell)
     top = inverse_cdf_blocked(weights, torch.full((rows,), 1 - 2**-53, dtype=torch.float64))
     assert bool((weights.gather(1, top.unsqueeze(1)) > 0).all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    dtypes=st.sampled_from([("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")]),
+    ragged=st.booleans(),
+    overlap=st.floats(0.0, 1.0),
+)
+def test_half_sums_of_only_the_reached_rows_give_the_output_of_every_rows_sums(seed, dtypes, ragged, overlap):
+    """The reference sums half rows only where a verification reads them (position by position, the rows
+    still accepting, then the bonus rows); its output is token for token what summing every row gives, for
+    any acceptance (``overlap``: how much of q is p), ragged rows, rows of zeros, unnormalised rows and a float32
+    side."""
+    from spectest.implementations import reference
+
+    rng = np.random.default_rng(seed)
+    batch, k, vocab = int(rng.integers(1, 9)), int(rng.integers(1, 6)), 64
+    target = rng.dirichlet(np.full(vocab, 0.5), size=(batch, k + 1))
+    draft = overlap * target[:, :k] + (1 - overlap) * rng.dirichlet(np.full(vocab, 0.5), size=(batch, k))
+    draft[rng.random((batch, k)) < 0.1] = 0.0  # rows of zeros (an engine's padding) sum to the smallest normal
+    # Rows far from summing to one: a sum taken at the wrong row, or left at 1, changes what is accepted.
+    target, draft = target * rng.uniform(0.2, 5, (batch, k + 1, 1)), draft * rng.uniform(0.2, 5, (batch, k, 1))
+    q, p = to_tensor(draft, device="cpu", dtype=dtypes[0]), to_tensor(target, device="cpu", dtype=dtypes[1])
+    ids = draw_drafts(to_tensor(draft + 1e-9, device="cpu", dtype="float64"), make_generator(seed, "cpu"))
+    lengths = torch.as_tensor(rng.integers(0, k + 1, size=batch)) if ragged else None
+    if lengths is not None:
+        ids = torch.where(torch.arange(k) < lengths.unsqueeze(1), ids, -1)
+    outputs = []
+    for every_row in (1 << 62, 0):  # every row summed; only the reached rows (at any size)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(reference, "EVERY_ROW", every_row)
+            outputs.append(verify(ids, q, p, generator=make_generator(seed, "cpu"), num_draft_tokens=lengths))
+    assert torch.equal(*outputs), (outputs, lengths)
+
+
+def test_summing_only_reached_rows_is_what_the_reference_does_at_large_vocabularies(monkeypatch):
+    """At a large vocabulary the reference takes the reached rows' path (so the test above holds what it runs),
+    and sums fewer rows than every one when drafts are rejected."""
+    from spectest.implementations import reference
+
+    summed = []
+    original = reference.sums_at
+    monkeypatch.setattr(
+        reference, "sums_at", lambda probs, rows, at: summed.append(rows.numel()) or original(probs, rows, at)
+    )
+    batch, k, vocab = 8, 4, 32000
+    generator = make_generator(0, "cpu")
+    p = torch.rand((batch, k + 1, vocab), generator=generator).bfloat16()
+    q = torch.rand((batch, k, vocab), generator=generator).bfloat16()
+    ids = torch.randint(0, vocab, (batch, k), generator=generator)
+    verify(ids, q, p, generator=generator)
+    assert summed and sum(summed) < batch * 2 * k, summed
+
+
+def test_numpy_descending_values_are_torch_sorts():
+    """The top-p sort's values on a CPU (numpy's sort) are torch's descending sort, ties, zeros and strided
+    rows included."""
+    from spectest.sampling_params import descending
+
+    generator = make_generator(3, "cpu")
+    values = torch.rand((4, 3, 1000), generator=generator)
+    values[0, 0, :500] = 0.25  # ties
+    values[1, 1] = 0.0
+    for probs in (values, values.double(), values.transpose(0, 1), values[..., ::2]):
+        assert torch.equal(descending(probs), probs.sort(dim=-1, descending=True).values)

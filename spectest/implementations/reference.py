@@ -36,11 +36,11 @@ def verify(
     target_probs[r, n_r] (ragged batches, as vLLM passes them)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
-    # Half inputs stay as given: the verifier reads the few values it needs, each divided by its row's
-    # float32 sum (the distribution the given values define), instead of a float32 copy of every row.
-    scales = (half_row_sums(draft_probs), half_row_sums(target_probs))
     u = torch.rand((batch, k), generator=generator, device=device, dtype=working_dtype(target_probs))
     v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
+    # Half inputs stay as given: the verifier reads the few values it needs, each divided by its row's
+    # float32 sum (the distribution the given values define), instead of a float32 copy of every row.
+    scales = reached_row_sums(draft_token_ids, draft_probs, target_probs, u, num_draft_tokens)
     return verify_at(
         draft_token_ids,
         draft_probs,
@@ -53,10 +53,9 @@ def verify(
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-SUM_CHUNK = 1 << 18
-CHUNK_BYTES = (
-    4 << 20
-)  # a chunk of rows' working rows: in cache on the CPUs it runs on (L2 to L3)  # elements widened at a time for a half row sum: a float32 chunk that stays in cache
+SUM_CHUNK = 1 << 18  # elements widened at a time for a half row sum: a float32 chunk that stays in cache
+CHUNK_BYTES = 4 << 20  # a chunk of rows' working rows: in cache on the CPUs it runs on (L2 to L3)
+EVERY_ROW = 1 << 20  # below this many half elements in a call, summing every row costs less than choosing rows
 
 
 def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
@@ -69,6 +68,63 @@ def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
     rows = max(1, SUM_CHUNK // max(1, probs[0].numel()))
     sums = [chunk.float().sum(dim=-1, keepdim=True) for chunk in probs.split(rows)]
     return (sums[0] if len(sums) == 1 else torch.cat(sums)).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def reached_row_sums(
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    u: torch.Tensor,
+    lengths: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(q, p) row sums [B, K, 1] and [B, K + 1, 1] of half inputs (None for a float32 or float64 side), as
+    :func:`verify_at` takes them, summing only the rows a verification reads: position by position, the rows
+    whose drafts were all accepted so far. Where no verification reads a row its sum is 1 (its position lies
+    past the first rejection, its q row is multiplied by zero, or it is a bonus row, which :func:`verify_at`
+    leaves unscaled): the acceptances :func:`verify_at` counts, up to the first rejection, and the extra token
+    are those of every row's sum.
+    A row of zeros sums to the smallest normal, as in :func:`half_row_sums`.
+
+    A verification reaches about two positions of each side where drafts are often rejected, out of K and
+    K + 1: at large vocabularies the sums are most of a half verification's reading."""
+    halves = draft_probs.dtype in HALF_DTYPES, target_probs.dtype in HALF_DTYPES
+    batch, k = draft_token_ids.shape
+    if not any(halves) or batch * (2 * k + 1) * target_probs.shape[-1] < EVERY_ROW:
+        return half_row_sums(draft_probs), half_row_sums(target_probs)
+    device = draft_token_ids.device
+    q_scale = torch.ones((batch, k, 1), device=device) if halves[0] else None
+    p_scale = torch.ones((batch, k + 1, 1), device=device) if halves[1] else None
+    drafted = torch.full((batch,), k, device=device) if lengths is None else lengths.to(device=device)
+    alive = (drafted > 0).nonzero().flatten()
+    for i in range(k):
+        if not alive.numel():
+            break
+        at = torch.full_like(alive, i)
+        ids = draft_token_ids[alive, i]
+        q, p = draft_probs[alive, at, ids], target_probs[alive, at, ids]
+        if q_scale is not None:
+            q_scale[alive, i] = sums_at(draft_probs, alive, at)
+            q = q.float() / q_scale[alive, i, 0]
+        if p_scale is not None:
+            p_scale[alive, i] = sums_at(target_probs, alive, at)
+            p = p.float() / p_scale[alive, i, 0]
+        # The comparison verify_at makes, on the same float32 values.
+        kept = u[alive, i] * q < p
+        alive = alive[kept & (i + 1 < drafted[alive])]
+    return q_scale, p_scale
+
+
+def sums_at(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]``, a few rows at a time (as
+    :func:`half_row_sums` sums them)."""
+    step = max(1, SUM_CHUNK // probs.shape[-1])
+    sums = [
+        selected_rows(probs, rows[start : start + step], positions[start : start + step])
+        .float()
+        .sum(dim=-1, keepdim=True)
+        for start in range(0, rows.numel(), step)
+    ]
+    return torch.cat(sums).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def working_dtype(probs: torch.Tensor) -> torch.dtype:
@@ -125,19 +181,19 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
         """The extra token of the rows in ``part``: from the residual after a rejection, from p itself (the bonus)
         when every draft was accepted."""
         accepted_here, at_here, local = n_accepted[part], at_draft[part], rows[part] - part.start
-        p_next = widened(
-            rows_at(target_probs[part], accepted_here), None if p_scale is None else p_scale[part][local, accepted_here]
-        )
+        rejected_here = rejected[part].unsqueeze(-1)
+        # A bonus row (every draft accepted) is drawn from p alone, in which its scale cancels: it is left unscaled.
+        p_next_scale = None if p_scale is None else torch.where(rejected_here, p_scale[part][local, accepted_here], 1.0)
+        p_next = widened(rows_at(target_probs[part], accepted_here), p_next_scale)
         q_next = widened(
             rows_at(draft_probs[part], at_here), None if q_scale is None else q_scale[part][local, at_here]
         )
         # In place: p_next is this call's own copy (selected rows, or widened ones).
-        residual = p_next.addcmul_(q_next, rejected[part].to(p_next.dtype).unsqueeze(-1), value=-1).clamp_min_(0)
+        residual = p_next.addcmul_(q_next, rejected_here.to(p_next.dtype), value=-1).clamp_min_(0)
         # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
         empty = residual.amax(dim=-1) <= 0
         if bool(empty.any()):
-            again = rows_at(target_probs[part], accepted_here)
-            residual[empty] = widened(again, None if p_scale is None else p_scale[part][local, accepted_here])[empty]
+            residual[empty] = widened(rows_at(target_probs[part], accepted_here), p_next_scale)[empty]
         return sample(residual, part)
 
     # A few rows at a time, so that their two rows and the residual stay in cache and no call allocates (and
@@ -168,18 +224,23 @@ class ExtraToken:
 
 
 def rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``probs[b, positions[b]]`` for every row b: [B, V]. Where rows and positions share one stride pattern
-    (any layout whose first two dimensions merge: contiguous, a vocabulary padded past its width, vocabulary-major)
-    it is one ``index_select`` of whole rows, several times faster on a CPU than advanced indexing."""
+    """``probs[b, positions[b]]`` for every row b: [B, V] (see :func:`selected_rows`)."""
+    return selected_rows(probs, torch.arange(probs.shape[0], device=probs.device), positions)
+
+
+def selected_rows(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``probs[rows[n], positions[n]]``: [N, V]. Where rows and positions share one stride pattern (any layout
+    whose first two dimensions merge: contiguous, a vocabulary padded past its width, vocabulary-major) it is one
+    ``index_select`` of whole rows, several times faster on a CPU than advanced indexing."""
     batch, width = probs.shape[0], probs.shape[1]
     if probs.stride(0) == width * probs.stride(1):
         merged = probs.as_strided((batch * width, probs.shape[2]), (probs.stride(1), probs.stride(2)))
         bits = BITS.get(probs.dtype)  # half rows are copied as 16-bit integers: torch's bf16 index_select is slow
-        rows = torch.arange(batch, device=probs.device) * width + positions
+        flat = rows * width + positions
         if bits is None:
-            return merged.index_select(0, rows)
-        return merged.view(bits).index_select(0, rows).view(probs.dtype)
-    return probs[torch.arange(batch, device=probs.device), positions]
+            return merged.index_select(0, flat)
+        return merged.view(bits).index_select(0, flat).view(probs.dtype)
+    return probs[rows, positions]
 
 
 def row_uniforms(
