@@ -311,8 +311,9 @@ def test_slow_verifiers_pass_every_exactness_property(tmp_path):
 @pytest.mark.parametrize("seed", range(1, META_SEEDS + 1))
 def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
-    sampler never fails (as_object is the reference behind a method: the fast test covers it)."""
-    models = [m for m in dict.fromkeys(CHAIN + LOGITS + BLOCKS) if m != "as_object"]
+    sampler never fails (as_object is the reference behind a method: the fast test covers it). The reference's run at
+    the default budget is CI's main job (README line 1, at a fresh seed each run): the first seed leaves it out."""
+    models = [m for m in dict.fromkeys(CHAIN + LOGITS + BLOCKS) if m != "as_object" and (seed > 1 or m != "reference")]
     # V = 32000-256000 costs 15-40 s a verifier: the first seed holds every correct verifier to it.
     correct_run(models, tmp_path, "--spec-seed", str(seed), large_vocabularies=seed == 1)
 

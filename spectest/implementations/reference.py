@@ -147,7 +147,8 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the
     extra token; ``lengths`` [B]: drafts per row (default K); ``scales``: (q, p) row sums [B, K, 1]
     and [B, K + 1, 1] of unnormalised half inputs: every value read is widened to float32 and divided
-    by its row's sum (what :func:`working_precision` gives, without widening the untouched rows).
+    by its row's sum (what :func:`working_precision` gives, without widening the untouched rows), but for a
+    bonus row's, only widened: it is drawn from p alone, in which its scale cancels.
 
     ``sample`` may be a :class:`ExtraToken` (the rows' own uniforms): the extra tokens are then drawn a few rows
     at a time; any other callable gets every row's weights at once."""
