@@ -23,7 +23,7 @@ def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_t
     transformers-assisted's, so its output is exact; test_a_loop_that_keeps_one_token_per_pass_stays_exact shows the
     other slow loop's). A per-pass record gives the model what the counters give
     (test_counters_and_per_pass_records_feed_the_speed_model_alike), so the same loop reporting per pass is not run
-    again here: this tier runs one test at a time, and each engine's speed property is about a minute of it."""
+    again here, where every second is one test at a time."""
     pytest.importorskip("transformers")
     speed = "test_engine_speedup_follows_its_model"
     counted, thrice = "slow_transformers.py:transformers_assisted_counted", "slow_transformers.py:target_thrice_counted"

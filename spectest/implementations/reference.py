@@ -11,6 +11,8 @@ chain ``verify``, ``verify_logits`` with per-row sampling parameters and per-row
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from spectest.protocol import DEFAULT_ORDER, PAD
@@ -65,8 +67,13 @@ def half_row_sums(probs: torch.Tensor) -> torch.Tensor | None:
         return None
     # Widened, then summed, a few rows at a time: torch's half sum with a float32 accumulator is several times
     # slower on a CPU, and a float32 copy of every row at once would be written to memory and read back.
-    rows = max(1, SUM_CHUNK // max(1, probs[0].numel()))
-    sums = [chunk.float().sum(dim=-1, keepdim=True) for chunk in probs.split(rows)]
+    return float_sums(probs.split(max(1, SUM_CHUNK // max(1, probs[0].numel()))))
+
+
+def float_sums(chunks: Iterable[torch.Tensor]) -> torch.Tensor:
+    """[..., 1] the float32 sums of half rows given a few at a time, each chunk widened and summed (in cache), the
+    chunks' sums stacked; a row of zeros sums to the smallest normal."""
+    sums = [chunk.float().sum(dim=-1, keepdim=True) for chunk in chunks]
     return (sums[0] if len(sums) == 1 else torch.cat(sums)).clamp_min(torch.finfo(torch.float32).tiny)
 
 
@@ -103,11 +110,11 @@ def reached_row_sums(
         ids = draft_token_ids[alive, i]
         q, p = draft_probs[alive, at, ids], target_probs[alive, at, ids]
         if q_scale is not None:
-            q_scale[alive, i] = sums_at(draft_probs, alive, at)
-            q = q.float() / q_scale[alive, i, 0]
+            q_sum = q_scale[alive, i] = sums_at(draft_probs, alive, at)
+            q = q.float() / q_sum[:, 0]
         if p_scale is not None:
-            p_scale[alive, i] = sums_at(target_probs, alive, at)
-            p = p.float() / p_scale[alive, i, 0]
+            p_sum = p_scale[alive, i] = sums_at(target_probs, alive, at)
+            p = p.float() / p_sum[:, 0]
         # The comparison verify_at makes, on the same float32 values.
         kept = u[alive, i] * q < p
         alive = alive[kept & (i + 1 < drafted[alive])]
@@ -115,16 +122,12 @@ def reached_row_sums(
 
 
 def sums_at(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]``, a few rows at a time (as
-    :func:`half_row_sums` sums them)."""
+    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]``, a few rows at a time."""
     step = max(1, SUM_CHUNK // probs.shape[-1])
-    sums = [
+    return float_sums(
         selected_rows(probs, rows[start : start + step], positions[start : start + step])
-        .float()
-        .sum(dim=-1, keepdim=True)
         for start in range(0, rows.numel(), step)
-    ]
-    return torch.cat(sums).clamp_min(torch.finfo(torch.float32).tiny)
+    )
 
 
 def working_dtype(probs: torch.Tensor) -> torch.dtype:
