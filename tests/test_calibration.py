@@ -96,6 +96,7 @@ def reference_check(seed: int, alpha: float, tolerance: float) -> DistributionCh
 
 
 @pytest.mark.slow
+@pytest.mark.cost(35)
 def test_reference_p_values_are_uniform_and_false_failures_stay_nominal():
     """Under the null (the reference sampler), the fixed test's p-values are uniform (KS), and a
     check at alpha = 0.2 (sequential and fixed parts together) fails a correct sampler at most 20%

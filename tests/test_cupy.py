@@ -177,6 +177,7 @@ def test_the_cuda_kernel_on_the_cpu_emits_what_the_algorithm_emits(dtype, addres
             assert np.array_equal(got, want), f"variant {bug}, {layout} {kind}:\n{got}\nexpected\n{want}"
 
 
+@pytest.mark.cost(20)
 def test_the_cuda_kernel_on_the_cpu_has_no_shared_memory_race(tmp_path_factory, tmp_path):
     """ThreadSanitizer over the kernel's block: several tiles (every barrier of the scan), two ballots, the
     half-precision row sums, an empty residual's second sweep."""

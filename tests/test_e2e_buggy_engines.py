@@ -44,6 +44,7 @@ def assert_buggy_engines_caught(bugs: dict[str, dict[str, tuple[str, ...]]], tmp
     assert not missed, "\n\n".join(missed)
 
 
+@pytest.mark.cost(35)
 def test_every_buggy_engine_is_caught_by_the_rule_its_bug_breaks(tmp_path):
     """Every known-buggy engine but the subtle ones (the slow tier's), on its declared properties."""
     pytest.importorskip("transformers")
@@ -53,6 +54,7 @@ def test_every_buggy_engine_is_caught_by_the_rule_its_bug_breaks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cost(215)
 def test_the_subtle_engine_bugs_are_caught_at_the_default_budget(tmp_path):
     """The engine bugs with the smallest effects (a draft distribution without the request's filters,
     a target warped twice) fail their declared properties by their declared rules too."""
@@ -64,6 +66,7 @@ def test_the_subtle_engine_bugs_are_caught_at_the_default_budget(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(1, META_SEEDS + 1))
+@pytest.mark.cost(245)
 def test_the_transformers_engines_pass_every_end_to_end_property(tmp_path, seed):
     """The unpatched adapters, seed after seed: an exact loop never fails (and never errs). At the
     quick budget (TV 0.1) and one seed in CI (SPECTEST_META_SEEDS sets more) to keep CI within its 45 minutes: a

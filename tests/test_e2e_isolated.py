@@ -14,6 +14,7 @@ from tests.engines import ENGINES
 from tests.runner_helpers import run_pytest
 
 
+@pytest.mark.cost(50)
 def test_an_engine_that_crashes_aborts_or_hangs_in_its_own_process_fails_only_its_own_calls(tmp_path):
     """Engines run in a child process (spectest.e2e.isolated): a segmentation fault, an abort() and a
     hang in native code each fail the call they happen in, naming the signal or the limit; the next

@@ -5,16 +5,23 @@ by the rule they break.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spectest import rules
+from spectest.e2e.engines.openai_server import MLX_ORDER
 from spectest.e2e.protocol import build_engine
-from spectest.sampling_params import SamplingParams
+from spectest.sampling_params import DEFAULT_ORDER, SamplingParams, process_logits
 from tests.engines import E2E_PROPERTIES, ENGINES, MARKOV, TWIN
+from tests.engines.markov import LazyRows, MarkovEngine, processed_row
 from tests.runner_helpers import run_pytest
 
 
+@pytest.mark.cost(35)
 def test_an_exact_engine_passes_every_end_to_end_property(tmp_path):
     """The fast Markov engine through the real plugin (the quick budget: TV 0.1): every property
     passes (but the twin comparison, which only a server with --spec-reference-url has: it skips), the
@@ -63,6 +70,7 @@ def test_an_engine_that_processes_only_the_draft_fails_by_the_pit(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cost(50)
 def test_first_tokens_of_one_prompt_see_a_bf16_inverse_cdf_at_a_real_vocabulary(tmp_path):
     """At V = 128256 the first tokens of one prompt, every id its own cell, catch an engine whose
     verifier samples from prefix sums stored in bfloat16; the same engine with an exact verifier passes."""
@@ -112,3 +120,30 @@ def test_a_greedy_draft_is_a_point_mass_on_its_argmax():
     assert 0 < float(rows["request"][0, 3]) < 1
     with pytest.raises(ValueError, match="spectest_draft_sampling"):
         build_engine("draft", "test", Engine("top-2"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    top_k=st.integers(0, 60),
+    top_p=st.sampled_from([1.0, 0.3, 0.75, 0.99]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3]),
+    tied=st.booleans(),
+)
+def test_the_markov_engines_rows_processed_together_are_each_row_processed_alone(
+    temperature, top_k, top_p, min_p, tied
+):
+    """The Markov engine (the exact subject of the end-to-end and server tests) processes a whole table in one
+    call per request and draws from the kept rows: each must be, bit for bit, what processing its row alone gives
+    (what it did before), ties included (logits rounded, so that top-p splits them), in either filter order for the
+    same request, and a lazy table's rows too."""
+    engine = MarkovEngine(seed=3)
+    table = torch.round(engine.target) if tied else engine.target
+    lazy = LazyRows(64, seed=1, scale=2.0)
+    one = SamplingParams.build(1, temperature=[temperature], top_k=[top_k], top_p=[top_p], min_p=[min_p])
+    for (rows, contexts), order in itertools.product(
+        ((table, range(table.shape[0])), (lazy, (0, 5, 5, 63))), (DEFAULT_ORDER, MLX_ORDER)
+    ):
+        for context in contexts:
+            alone = process_logits(rows[context].view(1, 1, -1), one, order=order).view(-1)
+            assert torch.equal(processed_row(rows, context, one, order), alone), (context, order)

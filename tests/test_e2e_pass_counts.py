@@ -56,6 +56,7 @@ def test_the_pass_count_law_is_the_chains_and_its_p_values_are_calibrated():
     assert two_sided_p(test.law, shifted) < 0.01 and two_sided_p(test.law, test.law.size + 3) == 0.0
 
 
+@pytest.mark.cost(45)
 def test_an_engine_that_only_counts_its_passes_is_held_to_their_exact_law(tmp_path):
     """Engines that report what vLLM counts (passes with drafts and draft tokens per call, the first token
     from the prompt's pass): the exact loop passes the tokens-per-pass property; the loop that throws the

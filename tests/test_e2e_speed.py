@@ -44,6 +44,7 @@ def test_the_speed_property_passes_transformers_and_fails_a_loop_that_runs_the_t
 
 
 @pytest.mark.slow
+@pytest.mark.cost(110)
 def test_a_loop_that_keeps_one_token_per_pass_stays_exact(tmp_path):
     """The loop that keeps one token per pass (test_a_loop_that_throws_accepted_drafts_away_fails_tokens_per_pass
     fails it by its tokens per pass) passes the output property: its bug costs speed only. It times nothing, so it

@@ -34,6 +34,7 @@ def test_unavailable_adapters_skip_every_property_with_the_reason(tmp_path):
     assert "vllm [standard-rejection, strided-inputs] (unavailable:" in run.output
 
 
+@pytest.mark.cost(25)
 def test_slow_per_row_sampler_reaches_a_verdict_within_the_property_budget(tmp_path):
     """transformers' step handles one row per call: the run finishes, passes, and reports the
     weaker effect each cut-short check could still detect, and why it was cut short."""

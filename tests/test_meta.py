@@ -135,6 +135,7 @@ def run_bugs(labels: list[str], props_of, tmp_path: Path, extra: list[str] = ())
     return run_pytest([*args, "--spec-no-shrink", "-n", "2", "-k", selection(pairs), *extra], tmp_path)
 
 
+@pytest.mark.cost(60)
 def test_every_buggy_verifier_is_caught_by_the_rule_its_bug_breaks(tmp_path):
     """Every chain, logits, tree and block bug, on the properties declared to catch it, in one real
     run (one test, so that the other xdist worker keeps running other tests meanwhile): each fails
@@ -188,6 +189,7 @@ def correct_run(
     assert len(run.results) == sum(len(props) for props in pairs.values()), run.output[-3000:]
 
 
+@pytest.mark.cost(30)
 def test_correct_verifiers_pass_everything(tmp_path):
     """Every correct verifier but the reference (the main job) at the quick budget; the
     speed property has its own test; many seeds at the default budget in the slow tests. The tree
@@ -238,6 +240,7 @@ def test_speed_property_holds_speedups_to_the_model_and_gates_efficiency_only_wh
 
 
 @pytest.mark.slow
+@pytest.mark.cost(430)
 def test_every_bug_on_every_property(tmp_path):
     """The whole matrix: every chain and logits bug on every property, every tree bug on the tree
     properties (in a width-one tree, the chain view, most sibling bugs cannot happen, and at about
@@ -295,6 +298,7 @@ def test_an_exact_verifier_slow_everywhere_fails_only_under_the_efficiency_gate(
 
 
 @pytest.mark.slow
+@pytest.mark.cost(125)
 def test_slow_verifiers_pass_every_exactness_property(tmp_path):
     """The timing subjects are exact: they pass every property but speed and the one at
     V = 32000-256000 (its half-precision numerics are not what these subjects are for)."""
@@ -309,6 +313,7 @@ def test_slow_verifiers_pass_every_exactness_property(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(1, META_SEEDS + 1))
+@pytest.mark.cost(240)
 def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     """Every correct verifier and logits control at the default budget, seed after seed: a correct
     sampler never fails (as_object is the reference behind a method: the fast test covers it). The reference's run at
@@ -319,6 +324,7 @@ def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
 
 
 @pytest.mark.slow
+@pytest.mark.cost(85)
 def test_tree_references_pass_every_tree_and_chain_property(tmp_path):
     """The tree references on the tree properties at the default budget, and on the chain ones
     through the chain view (a chain is a width-one tree) at the quick budget: the chain view
@@ -346,6 +352,7 @@ LOSSY_PROPERTIES = [
 LOSSY_LIMITS = ["--spec-budget", "quick", "--spec-run-seconds", "10", "--spec-no-shrink", "-n", "0"]
 
 
+@pytest.mark.cost(35)
 def test_lossy_mode_measures_loss_and_fails_only_beyond_the_declared_maximum(tmp_path):
     """Declared lossy (typical-acceptance) passes the exact rules and has its TV measured; one
     declaring less loss than it has fails by the measured-TV rule; --spec-max-tv puts any model in

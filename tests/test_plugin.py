@@ -96,6 +96,7 @@ def test_hang_is_reported_as_a_timeout(tmp_path):
     assert "broke rule 'returns in time'" in outcome.text and "did not return within 0.3 s" in outcome.text
 
 
+@pytest.mark.cost(20)
 def test_failure_replays_exactly_with_the_printed_seed(tmp_path):
     model = f"{VERIFIERS / 'buggy.py'}:lenient_acceptance"
     args = ["--spec-model", model, "--spec-no-shrink", "-k", "every_row"]

@@ -155,6 +155,7 @@ def test_the_shim_that_shares_parameters_fails_only_when_requests_overlap(shim, 
 
 
 @pytest.mark.slow
+@pytest.mark.cost(105)
 def test_under_load_the_exact_shim_follows_the_target_and_the_sharing_one_does_not(shim, tmp_path):
     """The output property with 16 requests in flight: the exact shim passes, scored by its own
     ``prompt_logprobs`` (``--spec-target server``); the shim that hands one request's parameters to another fails
@@ -194,6 +195,7 @@ def test_prompts_for_a_text_server_are_drawn_from_the_ids_that_survive_the_trip_
 
 
 @pytest.mark.slow
+@pytest.mark.cost(80)
 def test_a_text_prompt_server_in_mlx_lm_servers_dialect_is_judged_through_its_tokenizer(shim, tmp_path):
     """``openai+mlx``: prompts go as text, the ids come back from ``logprobs``; the exact text shim passes
     the output and first-token properties with every prompt drawn from the tokenizer's alphabet."""
@@ -209,6 +211,7 @@ def test_a_text_prompt_server_in_mlx_lm_servers_dialect_is_judged_through_its_to
 
 
 @pytest.mark.slow
+@pytest.mark.cost(130)
 def test_a_server_judged_against_its_twin_without_speculation_fails_only_if_it_is_not_exact(shim, tmp_path):
     """No --spec-target: ``--spec-reference-url`` names a twin (the exact shim) and ``vocab=N`` the
     vocabulary. The scoring properties skip, saying why; the exact shim matches its twin, and the shim that
@@ -321,6 +324,7 @@ def test_llama_servers_own_completion_endpoint_takes_ids_and_every_sampler_set_n
 
 
 @pytest.mark.slow
+@pytest.mark.cost(85)
 def test_a_llama_server_is_judged_through_its_own_endpoint_and_a_lost_min_p_fails(shim, tmp_path):
     """The exact llama-server shim passes the output, first-token, greedy and same-seed properties at 16 in
     flight; the one that loses min-p between the HTTP layer and the sampler (its 0.05 default applies) fails
@@ -408,6 +412,7 @@ def test_a_server_whose_dialect_cannot_be_told_is_a_usage_error_before_any_prope
 
 
 @pytest.mark.slow
+@pytest.mark.cost(120)
 def test_exact_servers_that_refuse_min_p_or_close_idle_connections_pass_at_16_in_flight(shim, tmp_path):
     """Two exact stand-ins, in one run at 16 requests in flight: one refuses min-p with vLLM's 400 (learned up front
     and left out, the output property passes on the rest of the plan), one closes idle HTTP/1.1 keep-alive

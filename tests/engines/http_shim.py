@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spectest.sampling import make_generator, sample_categorical
 from spectest.sampling_params import SamplingParams, process_logits
-from tests.engines.markov import MarkovEngine
+from tests.engines.markov import MarkovEngine, processed_row
 
 MODEL = "markov-shim"
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"  # ids 1-47; id 0 is the word marker
@@ -175,7 +175,7 @@ class Shim:
         params, generator = params_of([body], [seed]), make_generator(seed)
         out = list(body["prompt"])
         for _ in range(int(body["max_tokens"])):
-            p = process_logits(self.engine.target[out[-1]].view(1, 1, -1), params, order=MLX_ORDER).view(1, -1)
+            p = processed_row(self.engine.target, out[-1], params, MLX_ORDER).unsqueeze(0)
             out.append(int(sample_categorical(p, generator)))
         return out[len(body["prompt"]) :]
 
