@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from spectest import rules
 from spectest.e2e.engines.openai_server import MLX_ORDER
 from spectest.e2e.protocol import build_engine
+from spectest.implementations.reference import REFERENCE
 from spectest.sampling_params import DEFAULT_ORDER, SamplingParams, process_logits
 from tests.engines import E2E_PROPERTIES, ENGINES, MARKOV, TWIN
 from tests.engines.markov import LazyRows, MarkovEngine, processed_row
@@ -147,3 +148,32 @@ def test_the_markov_engines_rows_processed_together_are_each_row_processed_alone
         for context in contexts:
             alone = process_logits(rows[context].view(1, 1, -1), one, order=order).view(-1)
             assert torch.equal(processed_row(rows, context, one, order), alone), (context, order)
+
+
+class _ThroughVerifyLogits(MarkovEngine):
+    """The Markov engine verifying as it did before it kept processed rows: the reference's verify_logits on logits."""
+
+    def verify(self, drafts, draft_logits, target_logits, params, generator):
+        return REFERENCE.verify_logits(drafts, draft_logits, target_logits, params, generator=generator)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    temperature=st.sampled_from([0.0, 0.6, 1.0, 1.5]),
+    top_k=st.integers(0, 20),
+    top_p=st.sampled_from([1.0, 0.5, 0.9]),
+    min_p=st.sampled_from([0.0, 0.1]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_markov_engine_emits_what_the_references_verify_logits_would(temperature, top_k, top_p, min_p, seed):
+    """The Markov engine's chain on the rows it processed once per request emits, token for token, what the
+    reference's ``verify_logits`` on the raw logits emits (same generator, same draws), seeded and unseeded rows,
+    greedy included."""
+    params = SamplingParams.build(
+        3, temperature=[temperature, 1.0, temperature], top_k=[top_k, 0, top_k], top_p=[top_p, 1.0, top_p],
+        min_p=[min_p, 0.0, min_p], seed=[seed, -1, -1],
+    )  # fmt: skip
+    prompts = [[1, 2], [7], [40, 3, 3]]
+    assert MarkovEngine(seed=2).generate(prompts, params, 13, seed) == _ThroughVerifyLogits(seed=2).generate(
+        prompts, params, 13, seed
+    )

@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 import torch
 
-from spectest.implementations.reference import REFERENCE
+from spectest.implementations.reference import REFERENCE, ExtraToken, row_uniforms, verify_at
 from spectest.sampling import make_generator, sample_categorical
 from spectest.sampling_params import DEFAULT_ORDER, NO_SEED, SamplingParams, process_logits
 
@@ -93,17 +93,25 @@ class MarkovEngine:
         if k == 0:
             p = processed_row(self.target, out[-1], one)
             return [int(sample_categorical(p.unsqueeze(0), generator))]
-        context, draft_rows, drafted = out[-1], [], []
+        context, draft_rows, processed, drafted = out[-1], [], [], []
         for _ in range(k):
             q = processed_row(self.draft, context, one)
             token = int(sample_categorical(q.unsqueeze(0), generator))
             draft_rows.append(self.draft[context])
+            processed.append(q)
             drafted.append(token)
             context = token
-        target_rows = self.target[torch.tensor([out[-1], *drafted])].unsqueeze(0)
-        result = self.verify(
-            torch.tensor([drafted]), torch.stack(draft_rows).unsqueeze(0), target_rows, one, generator
-        )[0]
+        if type(self).verify is MarkovEngine.verify:
+            # The reference's verify_logits without processing the rows again: its chain on the rows already processed
+            # for this request (bit for bit what it would process; tests/test_e2e_output.py holds the tokens equal).
+            p = torch.stack([processed_row(self.target, c, one) for c in [out[-1], *drafted]]).unsqueeze(0)
+            u, v = row_uniforms(one, k, generator, device=p.device, dtype=p.dtype)
+            result = verify_at(torch.tensor([drafted]), torch.stack(processed).unsqueeze(0), p, u, ExtraToken(v))[0]
+        else:  # a verifier of its own (the known-buggy variants) gets the logits
+            target_rows = self.target[torch.tensor([out[-1], *drafted])].unsqueeze(0)
+            result = self.verify(
+                torch.tensor([drafted]), torch.stack(draft_rows).unsqueeze(0), target_rows, one, generator
+            )[0]
         return [int(x) for x in result if int(x) >= 0]
 
     @staticmethod
