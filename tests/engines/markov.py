@@ -93,11 +93,10 @@ class MarkovEngine:
         if k == 0:
             p = processed_row(self.target, out[-1], one)
             return [int(sample_categorical(p.unsqueeze(0), generator))]
-        context, draft_rows, processed, drafted = out[-1], [], [], []
+        context, processed, drafted = out[-1], [], []
         for _ in range(k):
             q = processed_row(self.draft, context, one)
             token = int(sample_categorical(q.unsqueeze(0), generator))
-            draft_rows.append(self.draft[context])
             processed.append(q)
             drafted.append(token)
             context = token
@@ -108,10 +107,9 @@ class MarkovEngine:
             u, v = row_uniforms(one, k, generator, device=p.device, dtype=p.dtype)
             result = verify_at(torch.tensor([drafted]), torch.stack(processed).unsqueeze(0), p, u, ExtraToken(v))[0]
         else:  # a verifier of its own (the known-buggy variants) gets the logits
+            draft_rows = self.draft[torch.tensor([out[-1], *drafted[:-1]])].unsqueeze(0)
             target_rows = self.target[torch.tensor([out[-1], *drafted])].unsqueeze(0)
-            result = self.verify(
-                torch.tensor([drafted]), torch.stack(draft_rows).unsqueeze(0), target_rows, one, generator
-            )[0]
+            result = self.verify(torch.tensor([drafted]), draft_rows, target_rows, one, generator)[0]
         return [int(x) for x in result if int(x) >= 0]
 
     @staticmethod
