@@ -155,3 +155,65 @@ def test_numpy_descending_values_are_torch_sorts():
     values[1, 1] = 0.0
     for probs in (values, values.double(), values.transpose(0, 1), values[..., ::2]):
         assert torch.equal(descending(probs), probs.sort(dim=-1, descending=True).values)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_reused_working_rows_give_what_fresh_rows_give(monkeypatch, dtype):
+    """The reference draws extra tokens a few rows at a time into rows it reuses from call to call (a CPU's fresh
+    rows are page-faulted on first touch): token for token what drawing every row at once into fresh rows gives,
+    whatever the rows held before (NaN here), for chunks of every size, growing and shrinking shapes, and ragged
+    rows."""
+    from spectest.implementations import reference
+    from spectest.sampling import inverse_cdf_blocked
+
+    monkeypatch.setattr(reference, "EVERY_ROW", 0)  # half rows summed where reached: their own reused rows
+    generator = make_generator(5, "cpu")
+    for batch, k, vocab, chunk_rows in [(9, 3, 700, 2), (4, 5, 1500, 3), (17, 2, 300, 5), (3, 4, 5000, 1)]:
+        monkeypatch.setattr(reference, "CHUNK_BYTES", chunk_rows * vocab * 4)
+        for room in reference.SCRATCH.rooms.values():
+            room.fill_(float("nan") if room.is_floating_point() else -1)
+        p = (torch.rand((batch, k + 1, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+        q = (torch.rand((batch, k, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+        ids = torch.randint(0, vocab, (batch, k), generator=generator)
+        lengths = torch.randint(0, k + 1, (batch,), generator=generator)
+        u = torch.rand((batch, k), generator=generator)
+        v = torch.rand((batch,), generator=generator, dtype=torch.float64)
+        scales = reference.reached_row_sums(ids, q, p, u, lengths)
+        reused = reference.verify_at(ids, q, p, u, reference.ExtraToken(v), lengths=lengths, scales=scales)
+        fresh = reference.verify_at(
+            ids, q, p, u, lambda weights, v=v: inverse_cdf_blocked(weights, v), lengths=lengths, scales=scales
+        )
+        assert torch.equal(reused, fresh), (batch, k, vocab, reused, fresh)
+        assert reference.SCRATCH.rooms, "the chunked path reuses rows"
+
+
+def test_threads_verifying_at_once_keep_their_own_working_rows(monkeypatch):
+    """Each thread has its own reused rows: four threads verifying different batches at once emit what each batch
+    gives alone."""
+    import threading
+
+    from spectest.implementations import reference
+
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 4 * 20000 * 4)  # eight chunks a call: the threads interleave
+    generator = make_generator(8, "cpu")
+    batches = []
+    for _ in range(4):
+        p = torch.rand((32, 5, 20000), generator=generator) ** 4
+        q = torch.rand((32, 4, 20000), generator=generator) ** 4
+        batches.append((torch.randint(0, 20000, (32, 4), generator=generator), q, p))
+    alone = [[verify(*batch, generator=make_generator(seed, "cpu")) for seed in range(6)] for batch in batches]
+    together: list[list[torch.Tensor]] = [[] for _ in batches]
+    start = threading.Barrier(len(batches))
+
+    def run(index: int) -> None:
+        start.wait()
+        for seed in range(6):
+            together[index].append(verify(*batches[index], generator=make_generator(seed, "cpu")))
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, outputs in enumerate(together):
+        assert all(torch.equal(a, b) for a, b in zip(alone[index], outputs, strict=True)), index

@@ -11,6 +11,7 @@ chain ``verify``, ``verify_logits`` with per-row sampling parameters and per-row
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 import torch
@@ -165,8 +166,13 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     ids = (draft_token_ids if lengths is None else draft_token_ids.clamp_min(0)).unsqueeze(-1)
     q_scale, p_scale = scales if scales is not None else (None, None)
 
-    def widened(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-        return values if scale is None else values.float() / scale  # a scale comes with half values only
+    def widened(values: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The values over their rows' sums (a scale comes with half values only), into ``out`` where given."""
+        if scale is None:
+            return values
+        if out is None:
+            return values.float() / scale
+        return torch.div(values, scale, out=out)  # the same float32 quotient, written into reused rows
 
     p_draft = widened(target_probs[:, :k].gather(-1, ids), None if p_scale is None else p_scale[:, :k]).squeeze(-1)
     q_draft = widened(draft_probs.gather(-1, ids), q_scale).squeeze(-1)
@@ -188,9 +194,19 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
         rejected_here = rejected[part].unsqueeze(-1)
         # A bonus row (every draft accepted) is drawn from p alone, in which its scale cancels: it is left unscaled.
         p_next_scale = None if p_scale is None else torch.where(rejected_here, p_scale[part][local, accepted_here], 1.0)
-        p_next = widened(rows_at(target_probs[part], accepted_here), p_next_scale)
+        q_next_scale = None if q_scale is None else q_scale[part][local, at_here]
+        # Into this thread's reused rows where the rows are drawn here and nothing keeps them (chunked): p_next is
+        # written in place below, so every row it holds must be this call's own.
+        room = SCRATCH if chunked and device.type == "cpu" else None
+        p_next = widened(
+            rows_at(target_probs[part], accepted_here, room, "p" if p_next_scale is None else "p half"),
+            p_next_scale,
+            None if room is None or p_next_scale is None else room.rows("p", p_next_scale.shape[0], vocab),
+        )
         q_next = widened(
-            rows_at(draft_probs[part], at_here), None if q_scale is None else q_scale[part][local, at_here]
+            rows_at(draft_probs[part], at_here, room, "q" if q_next_scale is None else "q half"),
+            q_next_scale,
+            None if room is None or q_next_scale is None else room.rows("q", q_next_scale.shape[0], vocab),
         )
         # In place: p_next is this call's own copy (selected rows, or widened ones).
         residual = p_next.addcmul_(q_next, rejected_here.to(p_next.dtype), value=-1).clamp_min_(0)
@@ -202,7 +218,8 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
 
     # A few rows at a time, so that their two rows and the residual stay in cache and no call allocates (and
     # page-faults) a [B, V] tensor: the same arithmetic, row by row, whatever the chunk.
-    row_bytes = target_probs.shape[-1] * max(4, target_probs.element_size())
+    vocab = target_probs.shape[-1]
+    row_bytes = vocab * max(4, target_probs.element_size())
     step = max(1, CHUNK_BYTES // row_bytes) if chunked else batch
     if step >= batch:
         extra = extra_tokens(slice(0, batch))
@@ -227,23 +244,55 @@ class ExtraToken:
         return inverse_cdf_blocked(weights, self.v[part])
 
 
-def rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+class Scratch(threading.local):
+    """Working rows reused from call to call, one set per thread (so that threads verifying at once never share
+    them), on a CPU only (CUDA's caching allocator already reuses its blocks).
+
+    A fresh tensor of a few megabytes is a fresh mapping on a CPU: glibc hands blocks above its mmap threshold back
+    to the kernel when they are freed, and the next call's rows are page-faulted and zeroed again on first touch.
+    At B = 64, K = 8, V = 32000 (float32) that was more than half of a verification's time. What is kept is at most
+    a chunk of rows per name (:data:`CHUNK_BYTES`, or one row where a row is larger)."""
+
+    def __init__(self) -> None:
+        self.rooms: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def rows(self, name: str, count: int, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[count, width] rows of ``dtype``, uninitialised, shared with every earlier call of ``name`` here."""
+        room = self.rooms.get((name, dtype))
+        if room is None or room.numel() < count * width:
+            room = self.rooms[(name, dtype)] = torch.empty(count * width, dtype=dtype)
+        return room[: count * width].view(count, width)
+
+
+SCRATCH = Scratch()
+
+
+def rows_at(probs: torch.Tensor, positions: torch.Tensor, room: Scratch | None = None, name: str = "") -> torch.Tensor:
     """``probs[b, positions[b]]`` for every row b: [B, V] (see :func:`selected_rows`)."""
-    return selected_rows(probs, torch.arange(probs.shape[0], device=probs.device), positions)
+    return selected_rows(probs, torch.arange(probs.shape[0], device=probs.device), positions, room, name)
 
 
-def selected_rows(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def selected_rows(
+    probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, room: Scratch | None = None, name: str = ""
+) -> torch.Tensor:
     """``probs[rows[n], positions[n]]``: [N, V]. Where rows and positions share one stride pattern (any layout
     whose first two dimensions merge: contiguous, a vocabulary padded past its width, vocabulary-major) it is one
-    ``index_select`` of whole rows, several times faster on a CPU than advanced indexing."""
+    ``index_select`` of whole rows, several times faster on a CPU than advanced indexing. With a ``room`` (CPU
+    tensors only) the rows are written into its rows ``name``, which the next call with that name overwrites."""
     batch, width = probs.shape[0], probs.shape[1]
     if probs.stride(0) == width * probs.stride(1):
         merged = probs.as_strided((batch * width, probs.shape[2]), (probs.stride(1), probs.stride(2)))
         bits = BITS.get(probs.dtype)  # half rows are copied as 16-bit integers: torch's bf16 index_select is slow
         flat = rows * width + positions
-        if bits is None:
-            return merged.index_select(0, flat)
-        return merged.view(bits).index_select(0, flat).view(probs.dtype)
+        if bits is not None:
+            merged = merged.view(bits)
+        if room is None:
+            chosen = merged.index_select(0, flat)
+        else:
+            chosen = torch.index_select(
+                merged, 0, flat, out=room.rows(name, flat.numel(), merged.shape[1], merged.dtype)
+            )
+        return chosen if bits is None else chosen.view(probs.dtype)
     return probs[rows, positions]
 
 

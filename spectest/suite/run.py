@@ -34,6 +34,7 @@ from spectest.sampling import make_generator
 from spectest.sampling_params import SamplingParams
 from spectest.session import RECORD_KEY, SpecSession, examples_for, missing_capabilities
 from spectest.speed.clock import OWN_CLOCK, Ledger, cpu_time
+from spectest.speed.memory import keep_freed_memory
 from spectest.statistics.checks import DistributionCheck
 from spectest.statistics.chisquare import FitResult
 from spectest.suite.loop import Generation, generate
@@ -141,6 +142,7 @@ class SuiteRun:
         self.max_tv = session.max_tv_for(model)
         self.ledger = Ledger(cpu_time if self.device.type == "cpu" else OWN_CLOCK)
         share_cores_with_other_workers()
+        keep_freed_memory()
         self.checks_started = 0
         self.planned_checks = self.examples * self.declared_checks
         # Own time the implementation's calls may take in this property's distribution checks.
