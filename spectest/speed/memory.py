@@ -4,8 +4,8 @@ A property run allocates and frees tensors of the same few sizes thousands of ti
 implementation's working rows and output, the counts. glibc serves a block above its mmap threshold (128 KiB at
 first, raised as such blocks are freed) with a fresh mapping, unmaps it when it is freed, and trims the top of its
 heap past twice that threshold: the next call's tensors are page-faulted, and zeroed by the kernel, again on first
-touch. The main job (``pytest --spec-model reference``) took 2.0-3.1 million page faults and 7-9 s of system CPU of
-its 65-72 s; with these settings 0.8-1.2 million and 3-5 s (docs/figures.md).
+touch. The main job (``pytest --spec-model reference``) took 2.2-3.4 million page faults and 7-10 s of system CPU
+of its 62-72 s; with these settings (and the reference's reused rows) 0.9-1.1 million and 4 s (docs/figures.md).
 
 :func:`keep_freed_memory` serves blocks up to :data:`MMAP_BYTES` from the heap and trims the heap only past
 :data:`TRIM_BYTES` of free memory at its top, so a freed tensor's pages are reused as they are. Larger blocks are
