@@ -195,16 +195,15 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
         # A bonus row (every draft accepted) is drawn from p alone, in which its scale cancels: it is left unscaled.
         p_next_scale = None if p_scale is None else torch.where(rejected_here, p_scale[part][local, accepted_here], 1.0)
         q_next_scale = None if q_scale is None else q_scale[part][local, at_here]
-        # Into this thread's reused rows where the rows are drawn here and nothing keeps them (chunked): p_next is
-        # written in place below, so every row it holds must be this call's own.
-        room = SCRATCH if chunked and device.type == "cpu" else None
+        # Rooms are keyed by name and dtype: a half side's selected bits (int16) and its widened rows (float32) share
+        # a name without sharing memory.
         p_next = widened(
-            rows_at(target_probs[part], accepted_here, room, "p" if p_next_scale is None else "p half"),
+            rows_at(target_probs[part], accepted_here, room, "p"),
             p_next_scale,
             None if room is None or p_next_scale is None else room.rows("p", p_next_scale.shape[0], vocab),
         )
         q_next = widened(
-            rows_at(draft_probs[part], at_here, room, "q" if q_next_scale is None else "q half"),
+            rows_at(draft_probs[part], at_here, room, "q"),
             q_next_scale,
             None if room is None or q_next_scale is None else room.rows("q", q_next_scale.shape[0], vocab),
         )
@@ -220,6 +219,9 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     # page-faults) a [B, V] tensor: the same arithmetic, row by row, whatever the chunk.
     vocab = target_probs.shape[-1]
     row_bytes = vocab * max(4, target_probs.element_size())
+    # Into this thread's reused rows where the rows are drawn here and nothing keeps them (chunked): p_next is
+    # written in place, so every row it holds must be this call's own.
+    room = SCRATCH if chunked and device.type == "cpu" else None
     step = max(1, CHUNK_BYTES // row_bytes) if chunked else batch
     if step >= batch:
         extra = extra_tokens(slice(0, batch))

@@ -20,6 +20,7 @@ and off glibc (macOS, Windows, musl) it does nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -36,18 +37,11 @@ USER_SETTINGS = (
     "MALLOC_TOP_PAD_",
 )
 
-_applied: list[bool] = []  # the outcome, once per process
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
     """Keep freed blocks in this process's heap (see the module's docstring); True where glibc took the settings.
     Once per process; later calls return the first outcome."""
-    if not _applied:
-        _applied.append(_apply())
-    return _applied[0]
-
-
-def _apply() -> bool:
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
     if any(name in os.environ for name in USER_SETTINGS):
