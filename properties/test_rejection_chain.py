@@ -106,7 +106,7 @@ def test_rejection_discards_every_later_position(spec) -> None:
     spec.given(REJECTIONS.chain_cases(dtypes=spec.model.dtypes), body)
 
 
-@pytest.mark.spec_property(examples=6, checks=1)
+@pytest.mark.spec_property(examples=6, checks=1, cost=2)
 def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
     def body(case: sst.ChainCase) -> None:
         started = time.perf_counter()

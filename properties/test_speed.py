@@ -105,7 +105,7 @@ def _record(spec, bench: SpeedBench, config: BenchConfig, gate: float | None) ->
 
 
 @pytest.mark.spec_speed
-@pytest.mark.spec_property(examples=1, checks=1)
+@pytest.mark.spec_property(examples=1, checks=1, cost=5)
 def test_measured_speedup_follows_the_model(spec) -> None:
     if getattr(spec.model.verify, "spectest_chain_view", False):
         pytest.skip(

@@ -48,9 +48,9 @@ def _option(config: pytest.Config, name: str) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(examples, checks, explicit=0, needs=()): a spectest property; 'checks' statistical "
+        f"{MARKER}(examples, checks, explicit=0, needs=(), cost=1): a spectest property; 'checks' statistical "
         "conclusions per Hypothesis example share the run's significance budget; a model without the "
-        "capabilities it 'needs' skips it, and its checks are not counted",
+        "capabilities it 'needs' skips it, and its checks are not counted; the costliest properties start first",
     )
     config.addinivalue_line(
         "markers", "spec_speed: the speed property (seconds on CPU; deselect with -m 'not spec_speed')"
@@ -226,6 +226,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unrun:
         config.hook.pytest_deselected(items=unrun)
         items[:] = kept
+    if session.model_specs or session.engine_specs:
+        items[:] = heaviest_first(items)
+
+
+def heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The properties in the order of their declared ``cost`` (marker keyword: about the seconds the property takes
+    on the reference at the default budget; default 1), heaviest first; ties keep their collection order, and tests
+    that are not properties follow them in theirs.
+
+    pytest-xdist hands its workers tests in collection order, one at a time as each finishes: with the longest
+    properties first, the short ones fill in around them and the workers end together; in file order the two
+    longest could run one after the other on one worker while the other waits (5 s of a 30 s main job)."""
+
+    def cost(item: pytest.Item) -> float:
+        marker = item.get_closest_marker(MARKER)
+        return float(marker.kwargs.get("cost", 1)) if marker is not None else 0.0
+
+    return sorted(items, key=lambda item: -cost(item))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

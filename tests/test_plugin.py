@@ -71,6 +71,40 @@ def test_header_names_models_device_and_seed_and_ini_works(pytester):
     assert "21 tests collected" in result.stdout.str()
 
 
+def test_properties_start_heaviest_first(pytester):
+    """The properties are collected in the order of their declared cost (pytest-xdist hands them out in that order,
+    so the long ones start first and the short ones fill in around them); equal costs keep their file order, and
+    without --spec-model a run's own tests keep theirs."""
+    result = pytester.runpytest_subprocess("--co", "-q", "--spec-model", "reference")
+    names = [line.split("::")[1].split("[")[0] for line in result.stdout.lines if "::" in line]
+    assert names[:4] == [
+        "test_large_vocabularies_are_exact",
+        "test_every_row_and_position_is_exact",
+        "test_propose_then_verify_is_lossless",
+        "test_measured_speedup_follows_the_model",
+    ], names
+    assert names.index("test_tokens_per_call_follow_the_chain_model") < names.index(
+        "test_markov_tokens_per_pass_follow_the_exact_model"
+    )
+    pytester.makepyfile(
+        test_mine="""
+        import pytest
+
+        def test_first():
+            pass
+
+        @pytest.mark.spec_property(examples=1, checks=0, cost=50)
+        def test_second():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--co", "-q", "test_mine.py")
+    assert [line for line in result.stdout.lines if "::" in line] == [
+        "test_mine.py::test_first",
+        "test_mine.py::test_second",
+    ]
+
+
 def test_repeated_models_get_readable_ids(pytester):
     result = pytester.runpytest_subprocess(
         "--co", "-q", "--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'correct.py'}:exponential_race"

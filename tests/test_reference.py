@@ -187,6 +187,46 @@ def test_reused_working_rows_give_what_fresh_rows_give(monkeypatch, dtype):
         assert reference.SCRATCH.rooms, "the chunked path reuses rows"
 
 
+def emitted_by_rows(ids, q, p, u, v, rows: slice) -> torch.Tensor:
+    """The reference's output for ``rows`` of a batch at given uniforms, its half row sums checked on the way: each
+    sum it reads is its own row's (where none is read it stays 1)."""
+    from spectest.implementations import reference
+
+    args = ids[rows], q[rows], p[rows], u[rows]
+    scales = reference.reached_row_sums(*args, None)
+    for sums, probs in zip(scales, (q[rows], p[rows]), strict=True):
+        if sums is not None:
+            read = sums != 1
+            assert torch.allclose(sums[read], reference.half_row_sums(probs)[read], rtol=1e-6)
+    return reference.verify_at(*args, reference.ExtraToken(v[rows]), scales=scales)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_each_row_gives_what_it_gives_alone(monkeypatch, dtype):
+    """A batch mixing rows that take the bonus (q = p there, every draft accepted) and rows rejected at any position
+    emits, row for row, what each row emits verified alone with its own uniforms: q is read only for rejected rows
+    and subtracted from their own p rows, in chunks that mix both kinds, and half rows too large to sum in one
+    chunk are summed where they lie."""
+    from spectest.implementations import reference
+
+    generator = make_generator(11, "cpu")
+    for batch, k, vocab, chunk_rows in [(12, 3, 900, 5), (7, 1, 3000, 2), (3, 2, 300_000, 2)]:
+        monkeypatch.setattr(reference, "CHUNK_BYTES", chunk_rows * vocab * 4)
+        p = (torch.rand((batch, k + 1, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+        q = (torch.rand((batch, k, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+        bonus = torch.arange(batch) % 3 == 0
+        q[bonus] = p[bonus, :k]
+        ids = torch.randint(0, vocab, (batch, k), generator=generator)
+        ids[bonus] = p[bonus, :k].float().argmax(-1)  # p = q there: accepted whatever the uniform
+        u = torch.rand((batch, k), generator=generator)
+        v = torch.rand((batch,), generator=generator, dtype=torch.float64)
+
+        together = emitted_by_rows(ids, q, p, u, v, slice(0, batch))
+        alone = torch.cat([emitted_by_rows(ids, q, p, u, v, slice(row, row + 1)) for row in range(batch)])
+        assert torch.equal(together, alone), (batch, k, vocab, together, alone)
+        assert bool((together[bonus, k] >= 0).all()) and bool((together[~bonus, k] < 0).any()), together
+
+
 def test_threads_verifying_at_once_keep_their_own_working_rows(monkeypatch):
     """Each thread has its own reused rows: four threads verifying different batches at once emit what each batch
     gives alone."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -103,6 +105,26 @@ def test_min_detectable_tv_is_detected_with_the_promised_power(n, df):
         assert rejections >= 190  # binomial(200, 0.99) falls below 190 with probability < 1e-4
 
 
+def test_required_noncentrality_meets_its_power_by_inversion_and_by_search(monkeypatch):
+    """The noncentrality a plan rests on, from scipy's inversion and from the root search it falls back to (forced
+    here): equal within 1e-9, and the test at it has at least the stated power, never just under it."""
+    from scipy import special
+
+    from spectest.statistics import chisquare
+
+    grid = [
+        (df, alpha, power) for df in (1, 7, 150, 4000, 90000) for alpha in (0.05, 1e-6, 1e-13) for power in (0.8, 0.99)
+    ]
+    direct = [chisquare.required_noncentrality.__wrapped__(*point) for point in grid]
+    monkeypatch.setattr(special, "chndtrinc", lambda *args: math.nan)
+    searched = [chisquare.required_noncentrality.__wrapped__(*point) for point in grid]
+    for (df, alpha, power), one, other in zip(grid, direct, searched, strict=True):
+        assert one == pytest.approx(other, rel=1e-9), (df, alpha, power)
+        critical = stats.chi2.isf(alpha, df)
+        for noncentrality in (one, other):
+            assert stats.ncx2.sf(critical, df, noncentrality) >= power, (df, alpha, power, noncentrality)
+
+
 @settings(max_examples=30)
 @given(st.integers(10, 10**6), st.integers(1, 5000))
 def test_min_detectable_tv_shrinks_with_more_samples(n, df):
@@ -182,3 +204,43 @@ def test_counts_kept_on_their_device_give_the_same_verdict_as_numpy_counts(shift
         assert check.impossible() == (2, 1, 5)
     with pytest.raises(TypeError, match="every batch"):
         checks[1].add(planted, 1)
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.08])
+def test_cells_one_by_one_give_the_same_verdict_as_count_tables(shift):
+    """A check fed each token's flat cell (``add_cells``, what a CPU run hands it: a call at V = 256000 emits a few
+    dozen tokens into a million cells) draws the same verdict, p-value, e-value, counts and impossible cell as the
+    same draws fed as count tables, whether the cells come as numpy or as a torch tensor."""
+    import torch
+
+    from spectest.statistics.checks import DistributionCheck
+
+    rng = np.random.default_rng(5)
+    probs = rng.dirichlet(np.full(40, 0.5), size=6)
+    probs[:, :3] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    drawn = probs.copy()
+    drawn[:, 3] += shift
+    drawn /= drawn.sum(axis=1, keepdims=True)
+    checks = [DistributionCheck("x", probs, alpha=1e-4, tolerance=0.1, min_draws=20, max_draws=5000) for _ in range(3)]
+    while not checks[0].done:
+        n = checks[0].next_batch(400)
+        counts = np.stack([rng.multinomial(n, row) for row in drawn])
+        cells = np.repeat(np.arange(counts.size), counts.ravel())
+        rng.shuffle(cells)
+        checks[0].add(counts, n)
+        checks[1].add_cells(cells, n)
+        checks[2].add_cells(torch.from_numpy(cells.copy()), n)
+        for check in checks[1:]:
+            assert check.done == checks[0].done and check.log_e == pytest.approx(checks[0].log_e, rel=1e-12)
+            assert check.impossible() is None
+    fits = [check.result() for check in checks]
+    for check, fit in zip(checks[1:], fits[1:], strict=True):
+        assert np.array_equal(check.counts, checks[0].counts)
+        assert (fit.passed, fit.p_value, fit.statistic) == (fits[0].passed, fits[0].p_value, fits[0].statistic)
+    assert fits[0].passed == (shift == 0.0)
+    for check in checks[1:]:
+        check.add_cells(np.array([2 * 40 + 1] * 5 + [2 * 40 + 7]), 1)  # five tokens in a cell of probability zero
+        assert check.impossible() == (2, 1, 5)
+    with pytest.raises(ValueError, match="outside"):
+        checks[1].add_cells(np.array([probs.size]), 1)

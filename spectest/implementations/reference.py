@@ -123,8 +123,13 @@ def reached_row_sums(
 
 
 def sums_at(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]``, a few rows at a time."""
+    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]``, a few rows at a time. Where a row
+    alone fills a chunk (large vocabularies) each is summed where it lies, not copied out first."""
     step = max(1, SUM_CHUNK // probs.shape[-1])
+    if step == 1:
+        return float_sums(
+            probs[row, position].unsqueeze(0) for row, position in zip(rows.tolist(), positions.tolist(), strict=True)
+        )
     return float_sums(
         selected_rows(probs, rows[start : start + step], positions[start : start + step])
         for start in range(0, rows.numel(), step)
@@ -172,7 +177,9 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
             return values
         if out is None:
             return values.float() / scale
-        return torch.div(values, scale, out=out)  # the same float32 quotient, written into reused rows
+        # The same float32 quotient, written into reused rows: widened by a copy, then divided in float32 (a mixed
+        # bf16/fp16-by-float32 division widens into a temporary first, one more pass over the rows).
+        return out.copy_(values).div_(scale)
 
     p_draft = widened(target_probs[:, :k].gather(-1, ids), None if p_scale is None else p_scale[:, :k]).squeeze(-1)
     q_draft = widened(draft_probs.gather(-1, ids), q_scale).squeeze(-1)
@@ -194,7 +201,6 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
         rejected_here = rejected[part].unsqueeze(-1)
         # A bonus row (every draft accepted) is drawn from p alone, in which its scale cancels: it is left unscaled.
         p_next_scale = None if p_scale is None else torch.where(rejected_here, p_scale[part][local, accepted_here], 1.0)
-        q_next_scale = None if q_scale is None else q_scale[part][local, at_here]
         # Rooms are keyed by name and dtype: a half side's selected bits (int16) and its widened rows (float32) share
         # a name without sharing memory.
         p_next = widened(
@@ -202,13 +208,21 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
             p_next_scale,
             None if room is None or p_next_scale is None else room.rows("p", p_next_scale.shape[0], vocab),
         )
-        q_next = widened(
-            rows_at(draft_probs[part], at_here, room, "q"),
-            q_next_scale,
-            None if room is None or q_next_scale is None else room.rows("q", q_next_scale.shape[0], vocab),
-        )
-        # In place: p_next is this call's own copy (selected rows, or widened ones).
-        residual = p_next.addcmul_(q_next, rejected_here.to(p_next.dtype), value=-1).clamp_min_(0)
+        # q is read only where a draft was rejected: a bonus row's residual is p itself.
+        which = rejected_here.flatten().nonzero().flatten()
+        if which.numel():
+            q_next_scale = None if q_scale is None else q_scale[part][which, at_here[which]]
+            q_next = widened(
+                selected_rows(draft_probs[part], which, at_here[which], room, "q"),
+                q_next_scale,
+                None if room is None or q_next_scale is None else room.rows("q", which.numel(), vocab),
+            )
+            # In place: p_next is this call's own copy (selected rows, or widened ones). p + (-1) q is p - q exactly.
+            if which.numel() == p_next.shape[0]:
+                p_next.sub_(q_next)
+            else:
+                p_next.index_add_(0, which, q_next, alpha=-1)
+        residual = p_next.clamp_min_(0)
         # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
         empty = residual.amax(dim=-1) <= 0
         if bool(empty.any()):

@@ -184,7 +184,11 @@ class DistributionCheck:
             self.views = [self._view(view_name, list(orders)) for view_name, orders in views.items()]
         self._counts = np.zeros(probs.shape, dtype=np.int64)
         self.pending = np.zeros(probs.shape, dtype=np.int64)  # counts not yet shown to the e-processes
+        self._waiting = False  # whether pending holds counts (a flag: scanning the table costs a pass)
         self._zero_cells: np.ndarray | None = None
+        # Whether a cell of probability zero may have been counted: a table of counts may hold one anywhere; cells
+        # handed one by one (add_cells) are looked at as they come.
+        self._maybe_impossible = False
         self._device: _DeviceTally | None = None  # counts kept where they were made (see add)
         self.draws = 0
         self.next_look = min(first_look, self.planned)
@@ -247,6 +251,32 @@ class DistributionCheck:
                         view.eprocess.update(binned)
                     self._advance_look()
 
+    def add_cells(self, cells: Any, draws: int) -> None:
+        """Fold in ``draws`` more draws given as the flat cell (``group * C + cell``) of every token they gave, a
+        numpy array or torch tensor of integers: the same as :meth:`add` of their counts, at a cost that follows
+        the tokens rather than the table (a call at V = 256000 emits a few dozen tokens into a table of a million
+        cells). A tensor on a device other than the CPU is counted there and goes to :meth:`add`."""
+        if not isinstance(cells, np.ndarray):
+            if cells.device.type != "cpu":
+                import torch
+
+                self.add(torch.bincount(cells.reshape(-1), minlength=self.probs.size).view(self.probs.shape), draws)
+                return
+            cells = cells.numpy()
+        with self._statistics():
+            if self._device is not None:
+                raise TypeError("a check fed counts on a device takes every batch there")
+            cells, times = np.unique(cells.reshape(-1), return_counts=True)
+            if cells.size and (cells[0] < 0 or cells[-1] >= self.probs.size):
+                raise ValueError(f"cells outside the {self.probs.shape} table of {self.name}")
+            self._counts.reshape(-1)[cells] += times
+            self.pending.reshape(-1)[cells] += times
+            self._waiting |= bool(cells.size)
+            self._maybe_impossible |= bool((self.probs.reshape(-1)[cells] <= 0).any())
+            self.draws += draws
+            if self.draws >= self.next_look:
+                self._look()
+
     @property
     def counts(self) -> np.ndarray:
         """The cell counts so far [G, C] (from the device, if they were kept there, at each read)."""
@@ -255,9 +285,13 @@ class DistributionCheck:
     def _add(self, counts: np.ndarray, draws: int) -> None:
         self._counts += counts
         self.pending += counts
+        self._waiting = self._maybe_impossible = True
         self.draws += draws
-        if self.draws < self.next_look:
-            return
+        if self.draws >= self.next_look:
+            self._look()
+
+    def _look(self) -> None:
+        """Show the e-processes what came since their last look."""
         for view in self.views:
             valid = view.bin_index >= 0
             binned = np.bincount(
@@ -265,6 +299,7 @@ class DistributionCheck:
             )
             view.eprocess.update(binned)
         self.pending[:] = 0
+        self._waiting = False
         self._advance_look()
 
     def _advance_look(self) -> None:
@@ -290,11 +325,13 @@ class DistributionCheck:
 
     @property
     def done(self) -> bool:
-        waiting = self._device.waiting() if self._device is not None else bool(self.pending.any())
+        waiting = self._device.waiting() if self._device is not None else self._waiting
         return self.rejected_early or (self.draws >= self.planned and not waiting) or self.out_of_time
 
     def impossible(self) -> tuple[int, int, int] | None:
         """(group, cell, count) of the first cell observed although its probability is zero."""
+        if self._device is None and not self._maybe_impossible:
+            return None
         if self._zero_cells is None:  # the cells of probability zero, found once: looking costs a gather
             self._zero_cells = np.flatnonzero(self.probs <= 0)
         seen = self._device.at(self._zero_cells) if self._device is not None else self._counts.ravel()[self._zero_cells]

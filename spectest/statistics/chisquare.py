@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 from spectest.statistics.tv import MeasuredTV
 
@@ -51,11 +51,14 @@ def pool_cells(expected: np.ndarray, order: np.ndarray, min_expected: float = MI
     # Provisional bins by the running total before each cell (vectorised over cells), then an
     # exact greedy merge over those few bins (at most total / min_expected + 1 of them).
     before = np.concatenate(([0.0], np.cumsum(ordered)[:-1]))
-    _, provisional = np.unique(np.floor(before / min_expected), return_inverse=True)
+    # The running total never decreases, so a cell opens a provisional bin where its multiple of min_expected
+    # changes (what np.unique's inverse would rank, without sorting).
+    level = np.floor(before / min_expected)
+    provisional = np.concatenate(([0], np.cumsum(level[1:] != level[:-1])))
     sums = np.bincount(provisional, weights=ordered)
     merged = np.empty(sums.size, dtype=np.int64)
     current, running = 0, 0.0
-    for j, total in enumerate(sums):
+    for j, total in enumerate(sums.tolist()):
         merged[j] = current
         running += total
         if running >= min_expected:
@@ -348,8 +351,17 @@ def min_detectable_tv(n: float, df: int, alpha: float, power: float = DEFAULT_PO
 @functools.lru_cache(maxsize=4096)
 def required_noncentrality(df: int, alpha: float, power: float) -> float:
     """The noncentrality at which a level-``alpha`` chi-square test on ``df`` degrees of freedom
-    has ``power`` (it does not depend on the sample size: plans reuse it)."""
+    has ``power`` (it does not depend on the sample size: plans reuse it).
+
+    scipy's inverse of the noncentral chi-square CDF in its noncentrality (``special.chndtrinc``) gives it in one
+    call, about 50x faster than a root search over ``stats.ncx2.sf`` (each call of which is mostly the
+    distribution machinery's argument handling), and equal to it within 1e-11 relative over df 1-400000, alpha
+    0.05-1e-15, power 0.5-0.999; the search stays for where it returns no finite value."""
     critical = stats.chi2.isf(alpha, df)
+    direct = float(special.chndtrinc(critical, df, 1 - power))
+    if math.isfinite(direct) and direct > 0:
+        # Round up so the stated power is met, not missed by the inversion's tolerance.
+        return direct * (1 + 1e-6)
 
     def shortfall(noncentrality: float) -> float:
         return float(stats.ncx2.sf(critical, df, noncentrality)) - power

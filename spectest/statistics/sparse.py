@@ -70,13 +70,16 @@ def in_sparse_regime(probs: np.ndarray, samples: np.ndarray) -> bool:
 
 def repeat_probability(p: np.ndarray, n: np.ndarray) -> np.ndarray:
     """P(Binomial(n, p) >= 2), computed without cancellation for tiny n p."""
-    log_none = n * np.log1p(-p)
-    log_once = np.log(n) + np.log(p) + (n - 1) * np.log1p(-p)
-    at_most_once = np.exp(log_none) + np.exp(log_once)
-    # 1 - (1-p)^n - n p (1-p)^(n-1) loses every digit when n p is tiny; the series starts at C(n,2) p^2.
-    tiny = n * p < 1e-3
-    series = 0.5 * n * (n - 1) * p**2 * (1 - 2 * (n - 2) * p / 3)
-    return np.clip(np.where(tiny, series, 1 - at_most_once), 0.0, 1.0)
+    # 1 - (1-p)^n - n p (1-p)^(n-1) loses every digit when n p is tiny; the series starts at C(n,2) p^2. Most
+    # sparse tokens are tiny: the logarithms and exponentials are taken only where the series is not used.
+    p, n = np.broadcast_arrays(np.asarray(p, dtype=np.float64), np.asarray(n, dtype=np.float64))
+    chance = 0.5 * n * (n - 1) * p**2 * (1 - 2 * (n - 2) * p / 3)
+    exact = n * p >= 1e-3
+    if exact.any():
+        pe, ne = p[exact], n[exact]
+        log_rest = np.log1p(-pe)
+        chance[exact] = 1 - (np.exp(ne * log_rest) + np.exp(np.log(ne) + np.log(pe) + (ne - 1) * log_rest))
+    return np.clip(chance, 0.0, 1.0)
 
 
 def chernoff_log_sf(observed: float, chances: np.ndarray) -> float:
@@ -237,33 +240,33 @@ def lumping_detectable_tv(
     """The smallest TV of an r-to-1 lumping of the sparse tokens (each run of r consecutive sparse
     ids moved onto one of them, r in LUMP_FACTORS, in every group) that the tail-repeats statistic
     detects with ``power`` at ``level`` on some stratum (normal approximation of its power; the
-    level is exact). 1.0 if none is: then the pooled test and the exact rules speak for the check."""
+    level is exact). 1.0 if none is: then the pooled test and the exact rules speak for the check.
+
+    A stratum's groups are worked on at once: their sparse tokens side by side, each run of r cut where its group
+    ends (a check of a few hundred rows and positions would otherwise cost thousands of small array operations)."""
     best = 1.0
     for stratum in np.unique(strata):
         rows = np.flatnonzero(strata == stratum)
-        groups = [(probs[g][mask[g]], float(samples[g])) for g in rows if mask[g].any()]
-        if not groups:
+        sizes = mask[rows].sum(axis=1)
+        rows, sizes = rows[sizes > 0], sizes[sizes > 0]
+        if not rows.size:
             continue
-        null = np.concatenate([repeat_probability(p, np.full(p.size, n)) for p, n in groups])
-        critical = _critical_count(null, level)
+        p = probs[rows][mask[rows]]  # each group's sparse tokens, group after group
+        n = np.repeat(samples[rows].astype(np.float64), sizes)
+        critical = _critical_count(repeat_probability(p, n), level)
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         for factor in LUMP_FACTORS:
-            chances, moved, total = [], 0.0, 0.0
-            for p, n in groups:
-                blocks = np.add.reduceat(p, np.arange(0, p.size, factor))
-                chances.append(repeat_probability(np.minimum(blocks, 1 - 1e-12), np.full(blocks.size, n)))
-                moved += float(p.sum() - _block_heads(p, factor).sum())
-                total += 1.0
-            alt = np.concatenate(chances)
+            runs = -(-sizes // factor)  # runs of ``factor`` tokens per group, the last one short
+            first = np.repeat(starts - np.concatenate(([0], np.cumsum(runs)[:-1])) * factor, runs)
+            heads = first + factor * np.arange(runs.sum())
+            blocks = np.add.reduceat(p, heads)
+            alt = repeat_probability(np.minimum(blocks, 1 - 1e-12), np.repeat(samples[rows].astype(np.float64), runs))
+            moved = float(p.sum() - p[heads].sum())
             mean, sd = float(alt.sum()), float(np.sqrt((alt * (1 - alt)).sum()))
             if sd > 0 and stats.norm.sf((critical - mean) / sd) >= power:
-                best = min(best, moved / total)
+                best = min(best, moved / rows.size)
                 break
     return best
-
-
-def _block_heads(p: np.ndarray, factor: int) -> np.ndarray:
-    """The mass that stays in place when runs of ``factor`` tokens are lumped onto their first."""
-    return p[::factor]
 
 
 def _critical_count(chances: np.ndarray, level: float) -> float:
