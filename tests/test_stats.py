@@ -168,6 +168,18 @@ def test_a_sequential_rejection_states_e_values_past_the_float_range():
     assert not fit.passed
 
 
+def probs_and_drawn(rng: np.random.Generator, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """Six groups of 40 cells, the first three of probability zero, and what is drawn instead: the same, or with
+    ``shift`` more mass on cell 3 (renormalised)."""
+    probs = rng.dirichlet(np.full(40, 0.5), size=6)
+    probs[:, :3] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    drawn = probs.copy()
+    drawn[:, 3] += shift
+    drawn /= drawn.sum(axis=1, keepdims=True)
+    return probs, drawn
+
+
 @pytest.mark.parametrize("shift", [0.0, 0.08])
 def test_counts_kept_on_their_device_give_the_same_verdict_as_numpy_counts(shift):
     """A check fed torch tensors (as on a GPU, where the counts stay on the device and only bin totals cross) draws
@@ -178,12 +190,7 @@ def test_counts_kept_on_their_device_give_the_same_verdict_as_numpy_counts(shift
     from spectest.statistics.checks import DistributionCheck
 
     rng = np.random.default_rng(3)
-    probs = rng.dirichlet(np.full(40, 0.5), size=6)
-    probs[:, :3] = 0.0
-    probs /= probs.sum(axis=1, keepdims=True)
-    drawn = probs.copy()
-    drawn[:, 3] += shift
-    drawn /= drawn.sum(axis=1, keepdims=True)
+    probs, drawn = probs_and_drawn(rng, shift)
     checks = [DistributionCheck("x", probs, alpha=1e-4, tolerance=0.1, min_draws=20, max_draws=5000) for _ in range(2)]
     batches = []
     while not checks[0].done:
@@ -216,12 +223,7 @@ def test_cells_one_by_one_give_the_same_verdict_as_count_tables(shift):
     from spectest.statistics.checks import DistributionCheck
 
     rng = np.random.default_rng(5)
-    probs = rng.dirichlet(np.full(40, 0.5), size=6)
-    probs[:, :3] = 0.0
-    probs /= probs.sum(axis=1, keepdims=True)
-    drawn = probs.copy()
-    drawn[:, 3] += shift
-    drawn /= drawn.sum(axis=1, keepdims=True)
+    probs, drawn = probs_and_drawn(rng, shift)
     checks = [DistributionCheck("x", probs, alpha=1e-4, tolerance=0.1, min_draws=20, max_draws=5000) for _ in range(3)]
     while not checks[0].done:
         n = checks[0].next_batch(400)

@@ -252,15 +252,15 @@ def lumping_detectable_tv(
         if not rows.size:
             continue
         p = probs[rows][mask[rows]]  # each group's sparse tokens, group after group
-        n = np.repeat(samples[rows].astype(np.float64), sizes)
-        critical = _critical_count(repeat_probability(p, n), level)
+        draws = samples[rows].astype(np.float64)
+        critical = _critical_count(repeat_probability(p, np.repeat(draws, sizes)), level)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         for factor in LUMP_FACTORS:
             runs = -(-sizes // factor)  # runs of ``factor`` tokens per group, the last one short
             first = np.repeat(starts - np.concatenate(([0], np.cumsum(runs)[:-1])) * factor, runs)
             heads = first + factor * np.arange(runs.sum())
             blocks = np.add.reduceat(p, heads)
-            alt = repeat_probability(np.minimum(blocks, 1 - 1e-12), np.repeat(samples[rows].astype(np.float64), runs))
+            alt = repeat_probability(np.minimum(blocks, 1 - 1e-12), np.repeat(draws, runs))
             moved = float(p.sum() - p[heads].sum())
             mean, sd = float(alt.sum()), float(np.sqrt((alt * (1 - alt)).sum()))
             if sd > 0 and stats.norm.sf((critical - mean) / sd) >= power:
