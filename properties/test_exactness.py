@@ -110,7 +110,7 @@ def check_chain_case(spec, case: sst.ChainCase, *, max_case_elements: int = MAX_
     )
 
 
-@pytest.mark.spec_property(examples=6, explicit=len(STRIDED_LAYOUTS), checks=1, cost=8)
+@pytest.mark.spec_property(examples=6, explicit=len(STRIDED_LAYOUTS), checks=1, cost=5)
 def test_every_row_and_position_is_exact(spec) -> None:
     # Explicit cases: every strided layout (each starting inside its buffer) in every declared dtype,
     # the first with tails masked on both sides; generated cases draw their layout and dtype.
@@ -144,7 +144,7 @@ def large_vocabulary_dtypes(spec) -> list[str]:
     return [d for d in HALF if d in spec.model.dtypes] or ["float32"]
 
 
-@pytest.mark.spec_property(examples=1, explicit=2 * len(LARGE_VOCABULARIES), checks=1, exact_only=True, cost=10)
+@pytest.mark.spec_property(examples=1, explicit=2 * len(LARGE_VOCABULARIES), checks=1, exact_only=True, cost=8)
 def test_large_vocabularies_are_exact(spec) -> None:
     """Every row and position at V = 32000, 152064 and 256000 in every half dtype the model declares
     (float32 if none), on language-model-like rows, each token its own cell where it is expected
@@ -177,7 +177,7 @@ def test_large_vocabularies_are_exact(spec) -> None:
 RAGGED = sst.CaseRanges(batch=(65, 96), k=(1, 8), vocab=(2, 1024))
 
 
-@pytest.mark.spec_property(examples=2, explicit=len(PADDING_IDS), checks=1, needs=(RAGGED_DRAFTS,), cost=3)
+@pytest.mark.spec_property(examples=2, explicit=len(PADDING_IDS), checks=1, needs=(RAGGED_DRAFTS,), cost=2)
 def test_short_rows_emit_at_most_their_drafts_plus_one(spec) -> None:
     """Rows with fewer than K drafts (marked as the model declares, the padding holding what an
     engine leaves there): at most n_r + 1 tokens come out (exact), and each row's tokens, its

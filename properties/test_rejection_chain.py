@@ -67,7 +67,7 @@ def forced_rejection_inputs(
     return drafts, draft, target, reject_at
 
 
-@pytest.mark.spec_property(examples=10, checks=0)
+@pytest.mark.spec_property(examples=10, checks=0, cost=1.5)
 def test_rejection_discards_every_later_position(spec) -> None:
     def body(case: sst.ChainCase) -> None:
         drafts_np, draft_np, target_np, reject_at = forced_rejection_inputs(case, spec.standard)
@@ -106,7 +106,7 @@ def test_rejection_discards_every_later_position(spec) -> None:
     spec.given(REJECTIONS.chain_cases(dtypes=spec.model.dtypes), body)
 
 
-@pytest.mark.spec_property(examples=6, checks=1, cost=2)
+@pytest.mark.spec_property(examples=6, checks=1, cost=2.5)
 def test_all_accepted_then_bonus_from_its_own_row(spec) -> None:
     def body(case: sst.ChainCase) -> None:
         started = time.perf_counter()

@@ -181,7 +181,7 @@ def test_greedy_rows_equal_greedy_decoding(spec) -> None:
     )
 
 
-@pytest.mark.spec_property(examples=4, explicit=1, checks=1, needs=(PROPOSE,), cost=2)
+@pytest.mark.spec_property(examples=4, explicit=1, checks=1, needs=(PROPOSE,), cost=2.5)
 def test_drafts_follow_the_reported_probs(spec) -> None:
     """Draft honesty: propose's tokens are distributed as the draft_probs it reports, which
     depend only on the inputs (every copy of a row reports the same q)."""
@@ -231,7 +231,7 @@ def test_drafts_follow_the_reported_probs(spec) -> None:
     spec.given(CASES, body, explicit=[MIXED])
 
 
-@pytest.mark.spec_property(examples=4, explicit=2, checks=1, needs=(PROPOSE,), cost=5)
+@pytest.mark.spec_property(examples=4, explicit=2, checks=1, needs=(PROPOSE,), cost=4)
 def test_propose_then_verify_is_lossless(spec) -> None:
     """propose followed by verify_logits (or by verify with the reported q and the processed
     target) emits exactly the processed target at every row and position."""

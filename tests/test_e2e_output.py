@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from spectest import rules
 from spectest.e2e.engines.openai_server import MLX_ORDER
 from spectest.e2e.protocol import build_engine
-from spectest.implementations.reference import REFERENCE
+from spectest.implementations.sampler import REFERENCE
 from spectest.sampling_params import DEFAULT_ORDER, SamplingParams, process_logits
 from tests.engines import E2E_PROPERTIES, ENGINES, MARKOV, TWIN
 from tests.engines.markov import LazyRows, MarkovEngine, processed_row

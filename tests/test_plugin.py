@@ -21,6 +21,28 @@ def test_plugin_import_loads_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_resolving_the_reference_loads_no_torch_until_it_is_called():
+    """pytest-xdist's controller resolves --spec-model only to describe it: for the built-in reference that must not
+    import torch (1.5 s before any worker starts). The model it describes is the one the workers run."""
+    code = (
+        "import sys\n"
+        "from spectest.resolve import resolve_model\n"
+        "model = resolve_model('reference')\n"
+        "assert 'torch' not in sys.modules, 'resolving imported torch'\n"
+        "assert {'logits', 'propose', 'per-row-seeds', 'ragged-drafts'} <= model.capabilities, model.capabilities\n"
+        "import torch\n"
+        "from spectest.implementations import sampler\n"
+        "from spectest.sampling import make_generator\n"
+        "p = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])\n"
+        "q = torch.tensor([[[1.0, 0.0, 0.0]]])\n"
+        "ids = torch.tensor([[0]])\n"
+        "out = model.verify(ids, q, p, generator=make_generator(0))\n"
+        "assert out.tolist() == [[1, -1]], out\n"
+        "assert sampler.REFERENCE is model.verify.__self__\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_plugin_is_registered_through_pytest11(pytester):
     result = pytester.runpytest_subprocess("--help")
     result.stdout.fnmatch_lines(["*--spec-model=X*", "*--spec-device=DEVICE*", "*--spec-seed=SEED*"])
@@ -80,8 +102,8 @@ def test_properties_start_heaviest_first(pytester):
     assert names[:4] == [
         "test_large_vocabularies_are_exact",
         "test_every_row_and_position_is_exact",
-        "test_propose_then_verify_is_lossless",
         "test_measured_speedup_follows_the_model",
+        "test_propose_then_verify_is_lossless",
     ], names
     assert names.index("test_tokens_per_call_follow_the_chain_model") < names.index(
         "test_markov_tokens_per_pass_follow_the_exact_model"
@@ -103,6 +125,25 @@ def test_properties_start_heaviest_first(pytester):
         "test_mine.py::test_first",
         "test_mine.py::test_second",
     ]
+
+
+def test_workers_take_one_property_at_a_time(pytester):
+    """With --spec-model, pytest-xdist sends each worker one test at a time (--maxschedchunk 1), so the costliest-first
+    order holds across workers; a user's own --maxschedchunk is kept, and a run without a subject is left alone."""
+    pytester.makeconftest(
+        """
+        def pytest_report_header(config):
+            return [f"schedule chunk: {config.option.maxschedchunk}"]
+        """
+    )
+    pytester.makepyfile(test_mine="def test_one():\n    pass\n")
+    for args, chunk in (
+        (("--spec-model", "reference"), "1"),
+        (("--spec-model", "reference", "--maxschedchunk", "3"), "3"),
+        ((), "None"),
+    ):
+        result = pytester.runpytest_subprocess("--co", "test_mine.py", *args)
+        result.stdout.fnmatch_lines([f"schedule chunk: {chunk}"])
 
 
 def test_repeated_models_get_readable_ids(pytester):
@@ -148,7 +189,7 @@ def test_cli_check_and_models(tmp_path):
         [sys.executable, "-m", "spectest.cli", "models"], capture_output=True, text=True, check=True
     )
     lines = listed.stdout.splitlines()
-    assert "model\treference\tspectest.implementations.reference:REFERENCE" in lines
+    assert "model\treference\tspectest.implementations.sampler:REFERENCE" in lines
     assert "engine\ttransformers-assisted\tspectest.e2e.engines.transformers_loops:TRANSFORMERS_ASSISTED" in lines
     checked = subprocess.run(
         [

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from spectest import strategies as sst
 from spectest.cases.logits import MIN_P_GAP, TOP_K_GAP, TOP_P_GAP
-from spectest.implementations.reference import REFERENCE
+from spectest.implementations.sampler import REFERENCE
 from spectest.protocol import ContractViolation, Model, build_model, call_propose, call_verify_logits
 from spectest.resolve import ModelSpecError, resolve_model
 from spectest.sampling import make_generator

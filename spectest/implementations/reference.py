@@ -4,9 +4,9 @@ It reads only what a verifier must: the K draft-token probabilities of p and q p
 two V-long rows that the one extra token needs (the residual at the first rejection, or the
 bonus row). No Python loop over rows or positions.
 
-``REFERENCE`` (the registered ``reference`` model) carries every optional capability: the
-chain ``verify``, ``verify_logits`` with per-row sampling parameters and per-row seeds, and
-``propose``. ``verify`` is also usable on its own.
+The registered ``reference`` model, ``REFERENCE`` in :mod:`spectest.implementations.sampler` (declared there so that
+resolving it imports no torch), carries every optional capability: the chain ``verify``, ``verify_logits`` with
+per-row sampling parameters and per-row seeds, and ``propose``. ``verify`` is also usable on its own.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 
 import torch
 
-from spectest.protocol import DEFAULT_ORDER, PAD
-from spectest.sampling import BITS, inverse_cdf_blocked, make_generator, sample_categorical
-from spectest.sampling_params import NO_SEED, SamplingParams, process_logits
+from spectest.protocol import PAD
+from spectest.sampling import BITS, inverse_cdf_blocked, make_generator
+from spectest.sampling_params import NO_SEED, SamplingParams
 
 spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
 spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
@@ -325,43 +325,3 @@ def row_uniforms(
         u[row] = torch.rand((k,), generator=own, device=device, dtype=dtype)
         v[row] = torch.rand((1,), generator=own, device=device, dtype=torch.float64)[0]
     return u, v
-
-
-class ReferenceSampler:
-    """The reference with every optional capability of the protocol (see docs/reference/protocols.md)."""
-
-    spectest_capabilities = frozenset({"standard-rejection", "per-row-seeds", "ragged-drafts"})
-    spectest_filter_order = DEFAULT_ORDER
-    spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
-
-    def verify(self, draft_token_ids, draft_probs, target_probs, *, generator, num_draft_tokens=None):
-        return verify(
-            draft_token_ids, draft_probs, target_probs, generator=generator, num_draft_tokens=num_draft_tokens
-        )
-
-    def verify_logits(
-        self,
-        draft_token_ids: torch.Tensor,
-        draft_logits: torch.Tensor,
-        target_logits: torch.Tensor,
-        params: SamplingParams,
-        *,
-        generator: torch.Generator,
-    ) -> torch.Tensor:
-        """Process both sides with each row's parameters, then the chain; greedy rows fall out
-        of it (a one-hot p accepts exactly the argmax and corrects to it)."""
-        p = process_logits(target_logits, params, order=self.spectest_filter_order)
-        q = process_logits(draft_logits, params, order=self.spectest_filter_order)
-        k = draft_token_ids.shape[1]
-        u, v = row_uniforms(params, k, generator, device=draft_token_ids.device, dtype=p.dtype)
-        return verify_at(draft_token_ids, q, p, u, ExtraToken(v))
-
-    def propose(
-        self, draft_logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft tokens sampled from the processed draft distribution, and that distribution."""
-        q = process_logits(draft_logits, params, order=self.spectest_filter_order)
-        return sample_categorical(q, generator), q
-
-
-REFERENCE = ReferenceSampler()

@@ -17,7 +17,8 @@ import zlib
 import numpy as np
 import torch
 
-from spectest.implementations.reference import REFERENCE, ExtraToken, row_uniforms, verify_at
+from spectest.implementations.reference import ExtraToken, row_uniforms, verify_at
+from spectest.implementations.sampler import REFERENCE
 from spectest.sampling import make_generator, sample_categorical
 from spectest.sampling_params import DEFAULT_ORDER, NO_SEED, SamplingParams, process_logits
 

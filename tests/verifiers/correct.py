@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from spectest.implementations.block import BLOCK
-from spectest.implementations.reference import REFERENCE, ReferenceSampler
 from spectest.implementations.reference import verify as reference_verify
+from spectest.implementations.sampler import REFERENCE, ReferenceSampler
 from spectest.protocol import PAD
 from spectest.sampling import sample_categorical
 from spectest.sampling_params import process_logits
