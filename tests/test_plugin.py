@@ -146,6 +146,31 @@ def test_workers_take_one_property_at_a_time(pytester):
         result.stdout.fnmatch_lines([f"schedule chunk: {chunk}"])
 
 
+def test_workers_leave_their_objects_out_of_the_last_collection(pytester, tmp_path):
+    """A pytest-xdist worker running a subject freezes its objects at exit (after pytest's own collections), so that
+    the controller does not wait for its last garbage collection; a worker without a subject is left alone."""
+    log = tmp_path / "frozen.txt"
+    pytester.makeconftest(
+        f"""
+        import atexit, gc, os
+
+        def report():  # registered before the plugin's handler, so it runs after it
+            if os.environ.get("PYTEST_XDIST_WORKER"):
+                with open({str(log)!r}, "a") as out:
+                    out.write(f"{{gc.get_freeze_count()}}\\n")
+
+        atexit.register(report)
+        """
+    )
+    pytester.makepyfile(test_mine="def test_one():\n    pass\n")
+    for args, frozen in ((("--spec-model", "reference"), True), ((), False)):
+        log.unlink(missing_ok=True)
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "test_mine.py", *args)
+        result.assert_outcomes(passed=1)
+        counts = [int(line) for line in log.read_text().split()]
+        assert len(counts) == 1 and (counts[0] > 0) == frozen, (args, counts)
+
+
 def test_repeated_models_get_readable_ids(pytester):
     result = pytester.runpytest_subprocess(
         "--co", "-q", "--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'correct.py'}:exponential_race"
