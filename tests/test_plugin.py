@@ -171,6 +171,34 @@ def test_workers_leave_their_objects_out_of_the_last_collection(pytester, tmp_pa
         assert len(counts) == 1 and (counts[0] > 0) == frozen, (args, counts)
 
 
+def test_idle_threads_sleep_in_a_run_with_a_subject(pytester, monkeypatch, tmp_path):
+    """With a subject, torch's OpenMP threads are told to sleep when idle (set before torch loads, inherited by
+    workers), unless the user chose a policy; a run without a subject is left alone."""
+    seen = tmp_path / "policy.txt"
+    pytester.makepyfile(
+        test_mine=f"""
+        import os
+
+        def test_policy():
+            with open({str(seen)!r}, "w") as out:
+                out.write(f"{{os.environ.get('OMP_WAIT_POLICY')}} {{os.environ.get('PYTEST_XDIST_WORKER')}}")
+        """
+    )
+    for args, user, policy in (
+        (("--spec-model", "reference"), None, "PASSIVE None"),
+        (("--spec-model", "reference", "-n", "1"), None, "PASSIVE gw0"),
+        (("--spec-model", "reference"), "ACTIVE", "ACTIVE None"),
+        ((), None, "None None"),
+    ):
+        if user is None:
+            monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        else:
+            monkeypatch.setenv("OMP_WAIT_POLICY", user)
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_mine.py", *args)
+        result.assert_outcomes(passed=1)
+        assert seen.read_text() == policy, (args, user)
+
+
 def test_repeated_models_get_readable_ids(pytester):
     result = pytester.runpytest_subprocess(
         "--co", "-q", "--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'correct.py'}:exponential_race"
