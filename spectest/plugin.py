@@ -67,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
             lambda name: _option(config, name), default_seed=worker_input["spec_seed"] if worker_input else None
         )
         if session.model_specs or session.engine_specs:
-            idle_threads_sleep()  # before anything imports torch: the models' modules may
+            idle_threads_sleep(config)  # before anything imports torch: the models' modules may
         if session.model_specs:
             session.models = _resolve_all(session.model_specs)
         if session.engine_specs:
@@ -100,10 +100,11 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config.stash[SESSION].checks_per_model.update(split)
 
 
-def idle_threads_sleep() -> None:
+def idle_threads_sleep(config: pytest.Config) -> None:
     """Make OpenMP's idle threads sleep, not spin (``OMP_WAIT_POLICY=PASSIVE``, unless the user set a policy): read
     once, when torch's OpenMP runtime loads, so it is set before anything imports torch, and inherited by
-    pytest-xdist's workers and by engines in processes of their own.
+    pytest-xdist's workers and by engines in processes of their own; taken back when the run ends (a run inside
+    the user's own process, ``pytest.main`` in a script, leaves the environment as it found it).
 
     A check's time budget is the implementation's CPU time, which no other process can spend. But torch's helper
     threads spin while they wait for each other, and on a busy machine one waits for another that the kernel has
@@ -112,6 +113,7 @@ def idle_threads_sleep() -> None:
     Sleeping threads book only work: 7.5 s, no check below plan, and the same wall time when the machine is idle."""
     if "OMP_WAIT_POLICY" not in os.environ:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        config.add_cleanup(lambda: os.environ.pop("OMP_WAIT_POLICY", None))
 
 
 def end_without_collecting() -> None:

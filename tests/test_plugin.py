@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -197,6 +198,10 @@ def test_idle_threads_sleep_in_a_run_with_a_subject(pytester, monkeypatch, tmp_p
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_mine.py", *args)
         result.assert_outcomes(passed=1)
         assert seen.read_text() == policy, (args, user)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", "test_mine.py", "--spec-model", "reference")
+    assert seen.read_text() == "PASSIVE None"
+    assert "OMP_WAIT_POLICY" not in os.environ, "a run in the user's process left its policy behind"
 
 
 def test_repeated_models_get_readable_ids(pytester):
