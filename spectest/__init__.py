@@ -24,7 +24,7 @@ _LAZY = {
     "ContractViolation": ("spectest.protocol", "ContractViolation"),
     "Verifier": ("spectest.protocol", "Verifier"),
     "SamplingParams": ("spectest.sampling_params", "SamplingParams"),
-    "REFERENCE": ("spectest.implementations.reference", "REFERENCE"),
+    "REFERENCE": ("spectest.implementations.sampler", "REFERENCE"),
     "strategies": ("spectest.strategies", None),
     "rules": ("spectest.rules", None),
 }

@@ -13,6 +13,7 @@ import pytest
 from tests.runner_helpers import run_pytest
 
 VERIFIERS = Path(__file__).resolve().parent / "verifiers"
+XDIST_ENVIRONMENT = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 
 def test_plugin_import_loads_no_torch():
@@ -147,10 +148,12 @@ def test_workers_take_one_property_at_a_time(pytester):
         result.stdout.fnmatch_lines([f"schedule chunk: {chunk}"])
 
 
-def test_workers_leave_their_objects_out_of_the_last_collection(pytester, tmp_path):
+def test_workers_leave_their_objects_out_of_the_last_collection(pytester, tmp_path, monkeypatch):
     """A pytest-xdist worker running a subject freezes its objects at exit (after pytest's own collections), so that
     the controller does not wait for its last garbage collection; a worker without a subject is left alone."""
     log = tmp_path / "frozen.txt"
+    for name in XDIST_ENVIRONMENT:  # this test may itself run in a worker, whose variables the runs would inherit
+        monkeypatch.delenv(name, raising=False)
     pytester.makeconftest(
         f"""
         import atexit, gc, os
@@ -176,6 +179,8 @@ def test_idle_threads_sleep_in_a_run_with_a_subject(pytester, monkeypatch, tmp_p
     """With a subject, torch's OpenMP threads are told to sleep when idle (set before torch loads, inherited by
     workers), unless the user chose a policy; a run without a subject is left alone."""
     seen = tmp_path / "policy.txt"
+    for name in XDIST_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
     pytester.makepyfile(
         test_mine=f"""
         import os
