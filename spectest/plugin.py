@@ -66,7 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session = SpecSession.from_options(
             lambda name: _option(config, name), default_seed=worker_input["spec_seed"] if worker_input else None
         )
-        if session.model_specs or session.engine_specs:
+        if session.has_subject:
             idle_threads_sleep(config)  # before anything imports torch: the models' modules may
         if session.model_specs:
             session.models = _resolve_all(session.model_specs)
@@ -76,13 +76,13 @@ def pytest_configure(config: pytest.Config) -> None:
             raise OptionError("--spec-target/--spec-draft apply to --spec-engine, and no engine was given")
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if (session.model_specs or session.engine_specs) and config.args_source != pytest.Config.ArgsSource.ARGS:
+    if session.has_subject and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(suite_dir())]  # no paths given: run the installed property suite
-    if (session.model_specs or session.engine_specs) and getattr(config.option, "maxschedchunk", 0) is None:
+    if session.has_subject and getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 1  # see heaviest_first
     config.stash[SESSION] = session
     config.pluginmanager.register(ResultCollector(session), "spectest-results")
-    if worker_input and (session.model_specs or session.engine_specs):
+    if worker_input and session.has_subject:
         end_without_collecting()
 
 
@@ -169,7 +169,7 @@ def _session_models(config: pytest.Config) -> list[Model]:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     session = config.stash.get(SESSION, None)
-    if session is None or not (session.model_specs or session.engine_specs):
+    if session is None or not session.has_subject:
         return []
     from spectest.protocol import DEFAULT_DTYPES
 
@@ -263,7 +263,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unrun:
         config.hook.pytest_deselected(items=unrun)
         items[:] = kept
-    if session.model_specs or session.engine_specs:
+    if session.has_subject:
         items[:] = heaviest_first(items)
 
 

@@ -102,6 +102,11 @@ class SpecSession:
     # Faults of the harness outside any test body (a timing record, summary, results file, report): {stage, error, traceback}
     stage_errors: list[dict[str, str]] = field(default_factory=list)
 
+    @property
+    def has_subject(self) -> bool:
+        """Whether the run checks something (``--spec-model`` or ``--spec-engine``), not only a user's own tests."""
+        return bool(self.model_specs or self.engine_specs)
+
     def guarded(self, stage: str, work: Callable[[], Any], fallback: Any) -> Any:
         """``work()``, or ``fallback`` when it raises: the fault is recorded as a harness error of
         ``stage`` (shown in the summary, kept in the results file, exit code 3), never a traceback
