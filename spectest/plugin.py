@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         if session.has_subject:
             idle_threads_sleep(config)  # before anything imports torch: the models' modules may
+            libraries_keep_their_asserts(config)  # before anything imports Hypothesis
         if session.model_specs:
             session.models = _resolve_all(session.model_specs)
         if session.engine_specs:
@@ -114,6 +115,28 @@ def idle_threads_sleep(config: pytest.Config) -> None:
     if "OMP_WAIT_POLICY" not in os.environ:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         config.add_cleanup(lambda: os.environ.pop("OMP_WAIT_POLICY", None))
+
+
+LIBRARIES = ("hypothesis", "spectest", "simulators")  # imported by every property; asserts only of invariants
+
+
+def libraries_keep_their_asserts(config: pytest.Config) -> None:
+    """Leave the asserts of :data:`LIBRARIES` as they are written, in a run with a subject: pytest rewrites the asserts
+    of every package that ships a pytest plugin (so that a plugin's own asserts explain themselves), and Hypothesis
+    and a regular (not editable) install of spectest ship one. Their asserts state internal invariants, never a
+    verdict (a property says what failed itself), yet each process parses, rewrites and compiles every module of
+    theirs it imports: Hypothesis alone is 73 modules. Where Python may not write bytecode
+    (``PYTHONDONTWRITEBYTECODE``, as on CI machines) pytest cannot cache the result, and every worker paid it at every
+    start: about 1 s of a 3-4 s start on a 2-core machine. Test files, conftests and every other package are rewritten
+    as before. Does nothing where pytest's assertion state is not where this version keeps it."""
+    try:
+        from _pytest.assertion.rewrite import assertstate_key
+    except ImportError:  # a pytest that keeps it elsewhere: rewriting goes on as pytest decides
+        return
+    hook = getattr(config.stash.get(assertstate_key, None), "hook", None)
+    marked = getattr(hook, "_must_rewrite", None)
+    if isinstance(marked, set):
+        marked.difference_update(LIBRARIES)
 
 
 def end_without_collecting() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -55,28 +55,73 @@ def inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     weights themselves; float64 accumulation of float32 cost 13x a float32 sum here) and widened;
     the search inside the block and the running sum over blocks are float64.
     """
+    return inverse_cdf_at_blocks(
+        block_sums(weights), u, weights.shape[1], lambda block, cells: weights.gather(1, cells)
+    )
+
+
+def block_width(vocab: int) -> int:
+    """Cells per block: :data:`BLOCK`, or the whole row when it is shorter (one block, no padding to 256 columns)."""
+    return min(BLOCK, vocab)
+
+
+def block_sums(weights: torch.Tensor) -> torch.Tensor:
+    """[N, ceil(V / width)] float64: each block's sum of ``weights`` [N, V] (contiguous rows), accumulated in the
+    weights' own precision and widened (the first half of :func:`inverse_cdf_blocked`; a caller that builds its
+    rows a few at a time sums each few while they are in cache and draws from all of them at once)."""
     rows, vocab = weights.shape
-    width = min(BLOCK, vocab)  # a small vocabulary is one block: no padding to 256 columns
+    width = block_width(vocab)
     full = vocab // width
-    device = weights.device
     parts = []
     if full:
         parts.append(weights[:, : full * width].view(rows, full, width).sum(-1).to(torch.float64))
     if vocab % width:
         parts.append(weights[:, full * width :].sum(-1, keepdim=True).to(torch.float64))
-    sums = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+
+def inverse_cdf_at_blocks(
+    sums: torch.Tensor,
+    u: torch.Tensor,
+    vocab: int,
+    cells_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The draws of :func:`inverse_cdf_blocked` from the rows' block sums ``sums`` (:func:`block_sums`) and
+    ``cells_of(block, cells)``, the weights [N, width] of each row's chosen block [N, 1] at its cells [N, width]
+    (int64; past V clamped to V - 1, and masked here), which need not be kept anywhere but where the rows came
+    from."""
+    width = block_width(vocab)
+    device = sums.device
     cumulative = sums.cumsum(-1)
     target = u.to(torch.float64).unsqueeze(1) * cumulative[:, -1:]
+    # The first block (then cell) whose running sum passes the target has weight (where one of no weight passes, so
+    # does the one before it): only a rounding overshoot past the end needs clamping to the last with weight.
     block = torch.searchsorted(cumulative, target, right=True)
-    last_block = sums.shape[1] - 1 - (sums > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
-    block = torch.minimum(block, last_block)
+    if overshoots(block, sums.shape[1]):
+        block = torch.minimum(block, last_positive(sums))
     cells = block * width + torch.arange(width, device=device)
-    inside = cells < vocab
-    values = weights.gather(1, cells.clamp(max=vocab - 1)).to(torch.float64) * inside
+    if vocab % width:  # a short last block: its cells past V read the last cell, weighted zero
+        inside = cells < vocab
+        values = cells_of(block, cells.clamp(max=vocab - 1)).to(torch.float64) * inside
+    else:
+        values = cells_of(block, cells).to(torch.float64)
     local = (target - (cumulative.gather(1, block) - sums.gather(1, block))).clamp_min(0)
     within = torch.searchsorted(values.cumsum(-1), local, right=True)
-    last_cell = width - 1 - (values > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
-    return (block * width + torch.minimum(within, last_cell)).squeeze(1)
+    if overshoots(within, width):
+        within = torch.minimum(within, last_positive(values))
+    return (block * width + within).squeeze(1)
+
+
+def last_positive(weights: torch.Tensor) -> torch.Tensor:
+    """[N, 1] each row's last cell of positive weight (the last cell where a row has none)."""
+    return weights.shape[1] - 1 - (weights > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
+
+
+def overshoots(index: torch.Tensor, end: int) -> bool:
+    """Whether any search landed past the last cell. On a CPU the answer costs a few microseconds and saves the
+    clamp; on a GPU asking would wait for the device, so the clamp is always made (it changes nothing where no
+    search overshoots)."""
+    return index.device.type != "cpu" or bool((index >= end).any())
 
 
 class RepeatedCategorical:
@@ -87,8 +132,7 @@ class RepeatedCategorical:
         self.shape = probs.shape[:-1]
         flat = probs.reshape(-1, probs.shape[-1])
         self.cdf = flat.to(torch.float64).cumsum(dim=-1)
-        positive = flat > 0
-        self.last_positive = flat.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
+        self.last_positive = last_positive(flat)
 
     def sample(self, repeats: int, generator: torch.Generator) -> torch.Tensor:
         """[repeats, *shape] draws; repeat r of row i is independent of every other draw."""

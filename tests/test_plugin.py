@@ -209,6 +209,35 @@ def test_idle_threads_sleep_in_a_run_with_a_subject(pytester, monkeypatch, tmp_p
     assert "OMP_WAIT_POLICY" not in os.environ, "a run in the user's process left its policy behind"
 
 
+def test_libraries_keep_their_asserts_in_a_run_with_a_subject(pytester, tmp_path):
+    """With a subject, Hypothesis (marked for assertion rewriting only because it ships a pytest plugin) is imported
+    as written, in the process and in a worker, while the run's test files are still rewritten; a run without a
+    subject leaves pytest's rewriting as it is."""
+    seen = tmp_path / "loaders.txt"
+    pytester.makepyfile(
+        test_mine=f"""
+        import sys
+
+        import hypothesis
+
+        def loader(module):
+            return type(module.__loader__).__name__
+
+        def test_loaders():
+            with open({str(seen)!r}, "w") as out:
+                out.write(loader(hypothesis) + " " + loader(sys.modules[__name__]))
+        """
+    )
+    for args, loaders in (
+        (("--spec-model", "reference"), "SourceFileLoader AssertionRewritingHook"),
+        (("--spec-model", "reference", "-n", "1"), "SourceFileLoader AssertionRewritingHook"),
+        ((), "AssertionRewritingHook AssertionRewritingHook"),
+    ):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_mine.py", *args)
+        result.assert_outcomes(passed=1)
+        assert seen.read_text() == loaders, args
+
+
 def test_repeated_models_get_readable_ids(pytester):
     result = pytester.runpytest_subprocess(
         "--co", "-q", "--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'correct.py'}:exponential_race"

@@ -187,6 +187,44 @@ def test_reused_working_rows_give_what_fresh_rows_give(monkeypatch, dtype):
         assert reference.SCRATCH.rooms, "the chunked path reuses rows"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_long_rows_give_what_gathered_rows_give(monkeypatch, dtype):
+    """Long rows are built where they lie (two rows a view where they can be) and, across chunks, drawn from their
+    block sums with the chosen block read again from p and q: token for token what gathering every chunk's rows and
+    drawing from them as built gives, in every layout (a position-major one, whose rows do not lie in batch order,
+    included), with a short last block, ragged rows, rows whose residual rounds to nothing and bonus rows."""
+    from spectest.cases.layouts import LAYOUTS, lay_out
+    from spectest.implementations import reference
+
+    generator = make_generator(13, "cpu")
+    batch, k, vocab = 9, 3, reference.ROW_BY_ROW + 300  # a short last block of 44 cells; pairs and rows alike
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 3 * vocab * 4)  # three chunks
+    p = (torch.rand((batch, k + 1, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+    q = (torch.rand((batch, k, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+    ids = torch.randint(0, vocab, (batch, k), generator=generator)
+    p[2::3, :, -20:] *= 1e4  # most of these rows' mass in the short last block
+    q[0::3] = p[0::3, :k]  # every draft accepted: bonus rows
+    ids[1::3, 0] = 0
+    p[1::3, 0, 0] = q[1::3, 0, 0] = 0  # rejected at 0 (q = p = 0 there) with p = q: the residual is empty
+    q[1::3, 0] = p[1::3, 0]
+    lengths = torch.tensor([3, 0, 2, 3, 1, 3, 3, 2, 3])
+    position_major = p.transpose(0, 1).contiguous().transpose(0, 1), q.transpose(0, 1).contiguous().transpose(0, 1)
+    for layout in [*LAYOUTS, "position-major"]:
+        pl, ql = position_major if layout == "position-major" else (lay_out(p, layout), lay_out(q, layout))
+        outputs = []
+        for long_rows in (reference.ROW_BY_ROW, 1 << 62):  # built where they lie; gathered a chunk at a time
+            for reread in (reference.REREAD, 1 << 62):  # drawn from block sums at once; a chunk at a time
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(reference, "ROW_BY_ROW", long_rows)
+                    patch.setattr(reference, "REREAD", reread)
+                    emitted = verify(ids, ql, pl, generator=make_generator(3, "cpu"), num_draft_tokens=lengths)
+                outputs.append(emitted)
+        assert all(torch.equal(outputs[0], other) for other in outputs[1:]), (layout, outputs)
+        assert bool((outputs[0][0::3, 3] >= 0).all()), "rows with q = p take the bonus"
+        extra = outputs[0].gather(1, (outputs[0] >= 0).sum(1, keepdim=True) - 1)[2::3]
+        assert bool((extra >= vocab - 44).any()), "some extra token from the short last block"
+
+
 def emitted_by_rows(ids, q, p, u, v, rows: slice) -> torch.Tensor:
     """The reference's output for ``rows`` of a batch at given uniforms, its half row sums checked on the way: each
     sum it reads is its own row's (where none is read it stays 1)."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 
 from spectest.protocol import PAD
-from spectest.sampling import BITS, inverse_cdf_blocked, make_generator
+from spectest.sampling import BITS, BLOCK, block_sums, inverse_cdf_at_blocks, inverse_cdf_blocked, make_generator
 from spectest.sampling_params import NO_SEED, SamplingParams
 
 spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
@@ -57,7 +57,6 @@ def verify(
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 SUM_CHUNK = 1 << 18  # elements widened at a time for a half row sum: a float32 chunk that stays in cache
-CHUNK_BYTES = 4 << 20  # a chunk of rows' working rows: in cache on the CPUs it runs on (L2 to L3)
 EVERY_ROW = 1 << 20  # below this many half elements in a call, summing every row costs less than choosing rows
 
 
@@ -159,27 +158,14 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
     by its row's sum (what :func:`working_precision` gives, without widening the untouched rows), but for a
     bonus row's, only widened: it is drawn from p alone, in which its scale cancels.
 
-    ``sample`` may be a :class:`ExtraToken` (the rows' own uniforms): the extra tokens are then drawn a few rows
-    at a time; any other callable gets every row's weights at once."""
-    chunked = isinstance(sample, ExtraToken)
-    if not chunked:
-        whole = sample
-        sample = lambda weights, part: whole(weights)  # noqa: E731
+    ``sample`` may be a :class:`ExtraToken` (the rows' own uniforms): the extra tokens' rows are then built a few
+    at a time, each few reduced to its block sums while in cache, and every row drawn from its sums at once (the
+    chosen block's cells read again where they lie); any other callable gets every row's weights at once."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
     # -1 padding past a short row is never read as a token (and costs nothing when no row is short).
     ids = (draft_token_ids if lengths is None else draft_token_ids.clamp_min(0)).unsqueeze(-1)
     q_scale, p_scale = scales if scales is not None else (None, None)
-
-    def widened(values: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The values over their rows' sums (a scale comes with half values only), into ``out`` where given."""
-        if scale is None:
-            return values
-        if out is None:
-            return values.float() / scale
-        # The same float32 quotient, written into reused rows: widened by a copy, then divided in float32 (a mixed
-        # bf16/fp16-by-float32 division widens into a temporary first, one more pass over the rows).
-        return out.copy_(values).div_(scale)
 
     p_draft = widened(target_probs[:, :k].gather(-1, ids), None if p_scale is None else p_scale[:, :k]).squeeze(-1)
     q_draft = widened(draft_probs.gather(-1, ids), q_scale).squeeze(-1)
@@ -189,64 +175,196 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
         accepted &= torch.arange(k, device=device) < lengths.unsqueeze(1)
     n_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     drafted = torch.full_like(n_accepted, k) if lengths is None else lengths
-
-    rows = torch.arange(batch, device=device)
-    at_draft = n_accepted.clamp(max=k - 1)
-    rejected = n_accepted < drafted
-
-    def extra_tokens(part: slice) -> torch.Tensor:
-        """The extra token of the rows in ``part``: from the residual after a rejection, from p itself (the bonus)
-        when every draft was accepted."""
-        accepted_here, at_here, local = n_accepted[part], at_draft[part], rows[part] - part.start
-        rejected_here = rejected[part].unsqueeze(-1)
-        # A bonus row (every draft accepted) is drawn from p alone, in which its scale cancels: it is left unscaled.
-        p_next_scale = None if p_scale is None else torch.where(rejected_here, p_scale[part][local, accepted_here], 1.0)
-        # Rooms are keyed by name and dtype: a half side's selected bits (int16) and its widened rows (float32) share
-        # a name without sharing memory.
-        p_next = widened(
-            rows_at(target_probs[part], accepted_here, room, "p"),
-            p_next_scale,
-            None if room is None or p_next_scale is None else room.rows("p", p_next_scale.shape[0], vocab),
-        )
-        # q is read only where a draft was rejected: a bonus row's residual is p itself.
-        which = rejected_here.flatten().nonzero().flatten()
-        if which.numel():
-            q_next_scale = None if q_scale is None else q_scale[part][which, at_here[which]]
-            q_next = widened(
-                selected_rows(draft_probs[part], which, at_here[which], room, "q"),
-                q_next_scale,
-                None if room is None or q_next_scale is None else room.rows("q", which.numel(), vocab),
-            )
-            # In place: p_next is this call's own copy (selected rows, or widened ones). p + (-1) q is p - q exactly.
-            if which.numel() == p_next.shape[0]:
-                p_next.sub_(q_next)
-            else:
-                p_next.index_add_(0, which, q_next, alpha=-1)
-        residual = p_next.clamp_min_(0)
-        # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p.
-        empty = residual.amax(dim=-1) <= 0
-        if bool(empty.any()):
-            residual[empty] = widened(rows_at(target_probs[part], accepted_here), p_next_scale)[empty]
-        return sample(residual, part)
-
-    # A few rows at a time, so that their two rows and the residual stay in cache and no call allocates (and
-    # page-faults) a [B, V] tensor: the same arithmetic, row by row, whatever the chunk.
-    vocab = target_probs.shape[-1]
-    row_bytes = vocab * max(4, target_probs.element_size())
-    # Into this thread's reused rows where the rows are drawn here and nothing keeps them (chunked): p_next is
-    # written in place, so every row it holds must be this call's own.
-    room = SCRATCH if chunked and device.type == "cpu" else None
-    step = max(1, CHUNK_BYTES // row_bytes) if chunked else batch
-    if step >= batch:
-        extra = extra_tokens(slice(0, batch))
+    chain = Chain(draft_probs, target_probs, n_accepted, n_accepted.clamp(max=k - 1), n_accepted < drafted, scales)
+    if isinstance(sample, ExtraToken):
+        extra = chain.extra_tokens(sample.v)
     else:
-        extra = torch.cat([extra_tokens(slice(start, min(batch, start + step))) for start in range(0, batch, step)])
+        weights = chain.every_row()
+        empty = weights.amax(dim=-1) <= 0
+        if bool(empty.any()):
+            weights[empty] = chain.fallback(empty.nonzero().flatten())
+        extra = sample(weights)
 
     slots = torch.arange(k + 1, device=device)
     emitted = torch.full((batch, k + 1), PAD, dtype=torch.int64, device=device)
     emitted[:, :k] = torch.where(slots[:k] < n_accepted.unsqueeze(1), draft_token_ids, PAD)
-    emitted[rows, n_accepted] = extra
+    emitted[torch.arange(batch, device=device), n_accepted] = extra
     return emitted
+
+
+def widened(values: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The values over their rows' sums (a scale comes with half values only), into ``out`` where given."""
+    if scale is None:
+        return values
+    if out is None:
+        return values.float() / scale
+    # The same float32 quotient, written into reused rows: widened by a copy, then divided in float32 (a mixed
+    # bf16/fp16-by-float32 division widens into a temporary first, one more pass over the rows).
+    return out.copy_(values).div_(scale)
+
+
+CHUNK_BYTES = 8 << 20  # a chunk of rows' working rows: in cache on the CPUs it runs on (L2 to L3)
+REREAD = 16 * BLOCK  # from this many cells a row, a chosen block's cells are read again rather than kept
+# From this many cells a row, a CPU builds each residual row where its two rows lie: two rows at a time where neither
+# side is scaled (one operation over both reaches torch's grain size, 32768 cells, and takes both threads), one at
+# a time from PAIRED_ROWS * 4 cells where a half side is (each widening and division then spans the threads alone).
+PAIRED_ROWS = 1 << 14
+ROW_BY_ROW = 1 << 16
+
+
+class Chain:
+    """The extra token's rows of one verification: row b's weights are max(0, p - q) at its first rejection
+    (``rejected[b]``, p at ``n_accepted[b]`` and q at ``at_draft[b]``), or p at ``n_accepted[b]`` itself (the
+    bonus), each value read widened and scaled as :func:`verify_at` says. The same arithmetic whether a row is
+    built whole (:meth:`weights`) or only at the cells an inverse CDF asks for (:meth:`cells`)."""
+
+    def __init__(self, draft_probs, target_probs, n_accepted, at_draft, rejected, scales) -> None:
+        self.q, self.p = draft_probs, target_probs
+        self.n_accepted, self.at_draft, self.rejected = n_accepted, at_draft, rejected
+        self.rows = torch.arange(n_accepted.shape[0], device=n_accepted.device)
+        q_scale, p_scale = scales if scales is not None else (None, None)
+        # [B, 1] each row's scales: a bonus row (every draft accepted) is drawn from p alone, in which its scale
+        # cancels, so it is left unscaled.
+        self.p_scale = None if p_scale is None else torch.where(rejected[:, None], p_scale[self.rows, n_accepted], 1.0)
+        self.q_scale = None if q_scale is None else q_scale[self.rows, at_draft]
+        self.vocab = target_probs.shape[-1]
+        # The weights' dtype: p's own, or float32 where p's values are widened and scaled.
+        self.dtype = target_probs.dtype if self.p_scale is None else torch.float32
+        self.unscaled = self.p_scale is None and self.q_scale is None
+
+    def order(self) -> tuple[torch.Tensor, int]:
+        """Every row, the rejected ones first (each in batch order), and how many are rejected: a few rows of it
+        at a time then read q for a leading run of rows (no index add into the middle of a chunk)."""
+        rejected = self.rejected.nonzero().flatten()
+        if rejected.numel() in (0, self.rows.numel()):
+            return self.rows, rejected.numel()
+        return torch.cat([rejected, (~self.rejected).nonzero().flatten()]), rejected.numel()
+
+    def weights(self, rows: torch.Tensor, rejected: int, room: Scratch | None = None) -> torch.Tensor:
+        """[n, V] the weights of ``rows`` [n], the first ``rejected`` of them rejected rows and the rest bonus rows:
+        this call's own rows (selected, or built in ``room``)."""
+        if room is not None and self.vocab >= (PAIRED_ROWS if self.unscaled else ROW_BY_ROW):
+            return self.row_by_row(rows, rejected, room)
+        p_scale = None if self.p_scale is None else self.p_scale[rows]
+        # Rooms are keyed by name and dtype: a half side's selected bits (int16) and its widened rows (float32) share
+        # a name without sharing memory.
+        p_next = widened(
+            selected_rows(self.p, rows, self.n_accepted[rows], room, "p"),
+            p_scale,
+            None if room is None or p_scale is None else room.rows("p", rows.numel(), self.vocab),
+        )
+        # q is read only where a draft was rejected: a bonus row's residual is p itself.
+        if rejected:
+            head = rows[:rejected]
+            q_scale = None if self.q_scale is None else self.q_scale[head]
+            q_next = widened(
+                selected_rows(self.q, head, self.at_draft[head], room, "q"),
+                q_scale,
+                None if room is None or q_scale is None else room.rows("q", rejected, self.vocab),
+            )
+            # In place: p_next is this call's own copy (selected rows, or widened ones).
+            p_next[:rejected].sub_(q_next)
+        return p_next.clamp_min_(0)
+
+    def row_by_row(self, rows: torch.Tensor, rejected: int, room: Scratch) -> torch.Tensor:
+        """:meth:`weights` for long rows: each row's p - q written straight from where its two rows lie (read once,
+        nothing copied out first). Two rows of a side are one strided view where they can be (one operation over
+        both, which torch spreads over its threads, where a single row below its grain size would take one)."""
+        out = room.rows("p", rows.numel(), self.vocab, self.dtype)
+        q_room = room.rows("q", 1, self.vocab, working_dtype(self.q))[0]
+        positions, at_draft = self.n_accepted[rows], self.at_draft[rows]
+        where = list(zip(rows.tolist(), positions.tolist(), at_draft.tolist(), strict=True))
+        paired = self.unscaled
+        if paired:  # where each row starts in its storage: two rows are a view with their distance as its stride
+            p_starts, q_starts = starts(self.p, rows, positions).tolist(), starts(self.q, rows, at_draft).tolist()
+        i = 0
+        while i < len(where):
+            if paired and i + 1 < len(where) and (i + 1 < rejected or i >= rejected):
+                p_pair = pair_view(self.p, p_starts[i], p_starts[i + 1])
+                q_pair = pair_view(self.q, q_starts[i], q_starts[i + 1]) if i < rejected else None
+                if p_pair is not None and (i >= rejected or q_pair is not None):
+                    if i < rejected:
+                        torch.sub(p_pair, q_pair, out=out[i : i + 2])
+                    else:
+                        out[i : i + 2].copy_(p_pair)
+                    i += 2
+                    continue
+            row, position, at = where[i]
+            p_row, q_row = self.p[row, position], self.q[row, at]
+            if i >= rejected:  # the bonus: p itself, widened, unscaled
+                out[i].copy_(p_row)
+            elif paired:
+                torch.sub(p_row, q_row, out=out[i])
+            else:  # a half side: widened and scaled into the rows, then subtracted
+                p_wide = out[i].copy_(p_row) if self.p_scale is None else widened(p_row, self.p_scale[row], out[i])
+                p_wide.sub_(q_row if self.q_scale is None else widened(q_row, self.q_scale[row], q_room))
+            i += 1
+        return out.clamp_min_(0)
+
+    def every_row(self) -> torch.Tensor:
+        """[B, V] every row's weights, in batch order, in fresh memory."""
+        order, rejected = self.order()
+        weights = self.weights(order, rejected)
+        return weights if order is self.rows else torch.empty_like(weights).index_copy_(0, order, weights)
+
+    def fallback(self, which: torch.Tensor) -> torch.Tensor:
+        """[n, V] p itself at rows ``which`` (scaled as for the residual): rounding emptied their residuals."""
+        scale = None if self.p_scale is None else self.p_scale[which]
+        return widened(selected_rows(self.p, which, self.n_accepted[which]), scale)
+
+    def cells(self, block: torch.Tensor, cells: torch.Tensor, empty: torch.Tensor, any_empty: bool) -> torch.Tensor:
+        """[B, width] every row's weights at its chosen ``block`` [B, 1] (``cells`` [B, width]), read from p and q
+        where they lie: bit for bit the same values as :meth:`weights` and :meth:`fallback` give there (rows
+        ``empty`` take the fallback)."""
+        values = widened(cells_at(self.p, self.rows, self.n_accepted, block, cells), self.p_scale)
+        which = (self.rejected & ~empty).nonzero().flatten()
+        if which.numel():
+            q_values = cells_at(self.q, which, self.at_draft[which], block[which], cells[which])
+            q_values = widened(q_values, None if self.q_scale is None else self.q_scale[which])
+            values[which] = (values[which] - q_values).to(values.dtype)
+        return torch.where(~empty.unsqueeze(1), values.clamp_min(0), values) if any_empty else values.clamp_min_(0)
+
+    def extra_tokens(self, v: torch.Tensor) -> torch.Tensor:
+        """Every row's extra token by inverse CDF at its uniform ``v`` [B] (float64). The rows are built a few at
+        a time (on a CPU into this thread's reused rows), so that their two rows and the weights stay in cache and no
+        call allocates (and page-faults) a [B, V] tensor. Short rows are drawn from a chunk at a time, as built; long
+        rows (a chosen block a small part of them) are reduced to their block sums a chunk at a time, and every row
+        is drawn from its sums at once, the chosen block's cells read again from p and q, which saves the search's
+        dozen small operations per chunk. The same arithmetic whatever the chunk."""
+        batch = self.n_accepted.shape[0]
+        room = SCRATCH if self.rows.device.type == "cpu" else None
+        step = max(1, CHUNK_BYTES // (self.vocab * max(4, self.p.element_size())))
+        order, rejected = self.order()
+        permuted = order is not self.rows
+        parts = [(order[start : start + step], min(max(rejected - start, 0), step)) for start in range(0, batch, step)]
+        if len(parts) == 1 or self.vocab < REREAD:
+            drawn = torch.cat([self.draw(rows, head, v[rows], room) for rows, head in parts])
+            return torch.empty_like(drawn).index_copy_(0, order, drawn) if permuted else drawn
+        sums = torch.cat([block_sums(self.weights(rows, head, room)) for rows, head in parts])
+        if permuted:
+            sums = torch.empty_like(sums).index_copy_(0, order, sums)
+        # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p. (A block sum
+        # of non-negative cells is zero only where every cell is.)
+        empty = (sums == 0).all(dim=-1)
+        any_empty = bool(empty.any())
+        if any_empty:
+            which = empty.nonzero().flatten()
+            sums[which] = block_sums(self.fallback(which))
+        return inverse_cdf_at_blocks(
+            sums, v, self.vocab, lambda block, cells: self.cells(block, cells, empty, any_empty)
+        )
+
+    def draw(self, rows: torch.Tensor, rejected: int, v: torch.Tensor, room: Scratch | None) -> torch.Tensor:
+        """The extra tokens of ``rows`` (the first ``rejected`` of them rejected) at their uniforms ``v``, drawn
+        from their weights as built (:meth:`weights`), p itself where rounding emptied a residual."""
+        weights = self.weights(rows, rejected, room)
+        sums = block_sums(weights)
+        empty = (sums == 0).all(dim=-1)
+        if bool(empty.any()):
+            which = empty.nonzero().flatten()
+            weights[which] = self.fallback(rows[which])
+            sums[which] = block_sums(weights[which])
+        return inverse_cdf_at_blocks(sums, v, self.vocab, lambda block, cells: weights.gather(1, cells))
 
 
 class ExtraToken:
@@ -286,6 +404,36 @@ SCRATCH = Scratch()
 def rows_at(probs: torch.Tensor, positions: torch.Tensor, room: Scratch | None = None, name: str = "") -> torch.Tensor:
     """``probs[b, positions[b]]`` for every row b: [B, V] (see :func:`selected_rows`)."""
     return selected_rows(probs, torch.arange(probs.shape[0], device=probs.device), positions, room, name)
+
+
+def cells_at(
+    probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, cells: torch.Tensor
+) -> torch.Tensor:
+    """[n, width] ``probs[rows[i], positions[i], cells[i]]``, the cells [n, width] of block ``block[i]`` [n, 1]
+    (clamped to the last cell past V). The whole blocks are a view, and each row's is one slice of it (indexing
+    every cell took 5-10x longer); a row whose block is the short last one reads its cells one by one."""
+    width = cells.shape[1]
+    whole = probs.shape[2] // width
+    values = probs[..., : whole * width].unflatten(2, (whole, width))[rows, positions, block[:, 0].clamp(max=whole - 1)]
+    if whole * width < probs.shape[2]:
+        last = (block[:, 0] == whole).nonzero().flatten()
+        if last.numel():
+            values[last] = probs[rows[last].unsqueeze(1), positions[last].unsqueeze(1), cells[last]]
+    return values
+
+
+def starts(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[n] where each row ``probs[rows[i], positions[i]]`` starts in the storage (in elements)."""
+    stride = probs.stride()
+    return rows * stride[0] + positions * stride[1] + probs.storage_offset()
+
+
+def pair_view(probs: torch.Tensor, first: int, second: int) -> torch.Tensor | None:
+    """[2, V] the rows of ``probs`` starting at ``first`` and ``second`` in its storage, as one view (their distance
+    its stride), or None where the second does not start after the first."""
+    if second <= first:
+        return None
+    return probs.as_strided((2, probs.shape[2]), (second - first, probs.stride(2)), first)
 
 
 def selected_rows(
