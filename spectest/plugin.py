@@ -415,14 +415,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.longrepr = f"spectest HARNESS ERROR while checking {model}. {HARNESS_ERROR_HELP}\n\n{traceback}"
 
 
-def harness_error(report: pytest.TestReport) -> dict[str, Any] | None:
-    for key, value in report.user_properties:
+def harness_error(report: pytest.TestReport | pytest.CollectReport) -> dict[str, Any] | None:
+    # A collection report (a test file that does not import) carries no user properties, and no harness error.
+    for key, value in getattr(report, "user_properties", ()):
         if key == FAILURE_KEY and value.get("kind") == "harness":
             return value
     return None
 
 
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+def pytest_report_teststatus(report: pytest.TestReport | pytest.CollectReport, config: pytest.Config) -> Any:
     """A harness error is reported as pytest reports errors ("E", counted as "error" in the
     summary line), never as the implementation's failure."""
     if report.failed and harness_error(report) is not None:

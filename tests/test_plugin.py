@@ -238,6 +238,16 @@ def test_libraries_keep_their_asserts_in_a_run_with_a_subject(pytester, tmp_path
         assert seen.read_text() == loaders, args
 
 
+def test_a_file_that_does_not_collect_is_a_collection_error(pytester):
+    """The plugin loads in every pytest run: a test file that fails to import is pytest's own collection error, with
+    a subject or without one, not an internal error of the plugin's status hook."""
+    pytester.makepyfile(test_broken="def test_x(:\n    pass\n")
+    for args in ((), ("--spec-model", "reference")):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_broken.py", *args)
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str(), args
+        result.assert_outcomes(errors=1)
+
+
 def test_repeated_models_get_readable_ids(pytester):
     result = pytester.runpytest_subprocess(
         "--co", "-q", "--spec-model", "reference", "--spec-model", f"{VERIFIERS / 'correct.py'}:exponential_race"
