@@ -2,7 +2,8 @@
 
 It reads only what a verifier must: the K draft-token probabilities of p and q per row, and the
 two V-long rows that the one extra token needs (the residual at the first rejection, or the
-bonus row). No Python loop over rows or positions.
+bonus row), each once. No Python loop over positions; on a CPU, long rows are built a pair at a
+time where they lie (:meth:`Chain.row_by_row`), short ones a chunk at a time.
 
 The registered ``reference`` model, ``REFERENCE`` in :mod:`spectest.implementations.sampler` (declared there so that
 resolving it imports no torch), carries every optional capability: the chain ``verify``, ``verify_logits`` with
@@ -368,14 +369,15 @@ class Chain:
 
 
 class ExtraToken:
-    """The extra token by inverse CDF at each row's own uniform ``v`` [B] (float64): callable on any rows' weights
-    with the rows they are (a slice), so :func:`verify_at` can draw a few rows at a time."""
+    """The extra token by inverse CDF at each row's own uniform ``v`` [B] (float64). Given to :func:`verify_at`, it
+    lets the rows be built and drawn from a few at a time (:meth:`Chain.extra_tokens`); called on every row's
+    weights it draws the same tokens (:func:`~spectest.sampling.inverse_cdf_blocked`)."""
 
     def __init__(self, v: torch.Tensor) -> None:
         self.v = v
 
-    def __call__(self, weights: torch.Tensor, part: slice) -> torch.Tensor:
-        return inverse_cdf_blocked(weights, self.v[part])
+    def __call__(self, weights: torch.Tensor) -> torch.Tensor:
+        return inverse_cdf_blocked(weights, self.v)
 
 
 class Scratch(threading.local):
@@ -399,11 +401,6 @@ class Scratch(threading.local):
 
 
 SCRATCH = Scratch()
-
-
-def rows_at(probs: torch.Tensor, positions: torch.Tensor, room: Scratch | None = None, name: str = "") -> torch.Tensor:
-    """``probs[b, positions[b]]`` for every row b: [B, V] (see :func:`selected_rows`)."""
-    return selected_rows(probs, torch.arange(probs.shape[0], device=probs.device), positions, room, name)
 
 
 def cells_at(
