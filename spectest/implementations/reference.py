@@ -123,13 +123,18 @@ def reached_row_sums(
 
 
 def sums_at(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]``, a few rows at a time. Where a row
-    alone fills a chunk (large vocabularies) each is summed where it lies, not copied out first."""
+    """[N, 1] float32 sums of the half rows ``probs[rows[n], positions[n]]`` (``rows`` ascending and distinct, as
+    :func:`reached_row_sums` passes them), a few rows at a time, each summed where it lies where it can be: a row
+    alone that fills a chunk (large vocabularies), or every row of the batch at one position (a verification's
+    first, where every row with a draft is reached); other rows are copied out first."""
     step = max(1, SUM_CHUNK // probs.shape[-1])
     if step == 1:
         return float_sums(
             probs[row, position].unsqueeze(0) for row, position in zip(rows.tolist(), positions.tolist(), strict=True)
         )
+    if rows.numel() == probs.shape[0] and bool((positions == positions[0]).all()):  # rows is every row, in order
+        column = probs[:, int(positions[0])]
+        return float_sums(column[start : start + step] for start in range(0, rows.numel(), step))
     return float_sums(
         selected_rows(probs, rows[start : start + step], positions[start : start + step])
         for start in range(0, rows.numel(), step)
