@@ -32,7 +32,9 @@ answers with speculative decoding on; otherwise exact: the parameter is learned 
 connection with no body (``mlx_lm.server`` without a Hugging Face cache folder): ``openai:URL`` cannot detect a dialect.
 ``closes_idle``: exact, on HTTP/1.1 keep-alive connections that it closes after ``IDLE_S`` without a request, the
 way ``http.server`` does (a socket timeout); a request written to a connection at the moment it closes it gets no
-reply (the stale-pool race every keep-alive client meets).
+reply (the stale-pool race every keep-alive client meets). ``drops_reused``: that race's outcome every time, without
+its timing: the first request on a connection that has already answered one gets no reply and the connection closes
+(a test of the client's resend cannot depend on when a loaded machine wakes it).
 
 Misbehaving flavours for the client's reliability: ``drops_connections`` (closes every completion's
 connection without a reply), ``malformed_json``,
@@ -205,8 +207,12 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
 
         def parse_request(self) -> bool:
             """``closes_idle``: a request arriving on a connection idle past half its limit finds it closing, and
-            gets no reply (the request raced the server's close; its body is never read)."""
+            gets no reply (the request raced the server's close; its body is never read). ``drops_reused``: any
+            request on a connection that has answered before, whenever it arrives."""
             if shim.flavour == "closes_idle" and self.answered and time.monotonic() - self.idle_since > IDLE_S / 2:
+                self.close_connection = True
+                return False
+            if shim.flavour == "drops_reused" and self.answered:
                 self.close_connection = True
                 return False
             return super().parse_request()
