@@ -189,7 +189,7 @@ def test_reused_working_rows_give_what_fresh_rows_give(monkeypatch, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
 def test_long_rows_give_what_gathered_rows_give(monkeypatch, dtype):
-    """Long rows are built where they lie (two rows a view where they can be) and, across chunks, drawn from their
+    """Long rows are built where they lie (a run of rows a view where they can be) and, across chunks, drawn from their
     block sums with the chosen block read again from p and q: token for token what gathering every chunk's rows and
     drawing from them as built gives, in every layout (a position-major one, whose rows do not lie in batch order,
     included), with a short last block, ragged rows, rows whose residual rounds to nothing and bonus rows."""
@@ -216,6 +216,7 @@ def test_long_rows_give_what_gathered_rows_give(monkeypatch, dtype):
             for reread in (reference.REREAD, 1 << 62):  # drawn from block sums at once; a chunk at a time
                 with pytest.MonkeyPatch.context() as patch:
                     patch.setattr(reference, "ROW_BY_ROW", long_rows)
+                    patch.setattr(reference, "PAIRED_ROWS", long_rows)  # float32 and float64 rows alike
                     patch.setattr(reference, "REREAD", reread)
                     emitted = verify(ids, ql, pl, generator=make_generator(3, "cpu"), num_draft_tokens=lengths)
                 outputs.append(emitted)
@@ -223,6 +224,59 @@ def test_long_rows_give_what_gathered_rows_give(monkeypatch, dtype):
         assert bool((outputs[0][0::3, 3] >= 0).all()), "rows with q = p take the bonus"
         extra = outputs[0].gather(1, (outputs[0] >= 0).sum(1, keepdim=True) - 1)[2::3]
         assert bool((extra >= vocab - 44).any()), "some extra token from the short last block"
+
+
+def test_evenly_spaced_rows_are_cut_into_runs():
+    """Runs keep one positive step a side (q's only for rejected rows), never mix rejected and bonus rows, and take
+    any two rising rows; a row that fits no run stands alone."""
+    from spectest.implementations.reference import evenly_spaced_runs
+
+    assert evenly_spaced_runs([0, 10, 20, 30, 45, 60], [0, 8, 16, 24, 30, 36], 6) == [(0, 4), (4, 6)]
+    assert evenly_spaced_runs([0, 10, 20, 30], [0, 8, 17, 25], 4) == [(0, 2), (2, 4)]  # q's step breaks the run
+    assert evenly_spaced_runs([0, 10, 20, 30, 40], [0, 8, 16, 99, 7], 2) == [(0, 2), (2, 5)]  # bonus rows: p alone
+    assert evenly_spaced_runs([30, 20, 10], [0, 8, 16], 3) == [(0, 1), (1, 2), (2, 3)]  # falling: one row each
+    assert evenly_spaced_runs([0, 10, 20], [16, 8, 0], 3) == [(0, 1), (1, 2), (2, 3)]
+    assert evenly_spaced_runs([], [], 0) == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rows_rejected_at_one_position_are_one_view_and_give_what_gathered_rows_give(monkeypatch, dtype):
+    """Rows rejected at the same position lie evenly spaced in both inputs: they are built by one operation over a
+    view a side (the runs are longer than two rows), token for token as gathering the rows gives, in every layout
+    and with the bonus rows between them."""
+    from spectest.cases.layouts import LAYOUTS, lay_out
+    from spectest.implementations import reference
+
+    generator = make_generator(17, "cpu")
+    batch, k, vocab = 12, 4, reference.PAIRED_ROWS + 300
+    p = (torch.rand((batch, k + 1, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+    q = (torch.rand((batch, k, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
+    ids = torch.randint(0, vocab, (batch, k), generator=generator)
+    q[:, :, 0], p[:, :, 0] = 1.0, 0.0  # token 0 is never accepted: every row with it at position 1 rejects there
+    ids[:, 1] = 0
+    ids[:, 0] = 1
+    p[:, 0, 1], q[:, 0, 1] = 1.0, 0.0  # and accepts its first draft
+    q[8:] = p[8:, :k]  # the last rows accept everything: bonus rows
+    ids[8:, 1] = 2
+    runs = []
+    spied = reference.evenly_spaced_runs
+
+    def spy(*args):
+        runs.extend(found := spied(*args))
+        return found
+
+    for layout in LAYOUTS:
+        outputs = []
+        for long_rows in (reference.PAIRED_ROWS, 1 << 62):  # built where they lie; gathered
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(reference, "PAIRED_ROWS", long_rows)
+                patch.setattr(reference, "evenly_spaced_runs", spy)
+                drafts, ql, pl = lay_out(ids, layout), lay_out(q, layout), lay_out(p, layout)
+                outputs.append(verify(drafts, ql, pl, generator=make_generator(5, "cpu")))
+        assert torch.equal(outputs[0], outputs[1]), (layout, outputs)
+        assert bool((outputs[0][:8, 1] >= 0).all() and (outputs[0][:8, 2] == -1).all()), "rejected at position 1"
+        assert bool((outputs[0][8:, k] >= 0).all()), "bonus rows"
+    assert max(end - first for first, end in runs) >= 8, runs
 
 
 def emitted_by_rows(ids, q, p, u, v, rows: slice) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 It reads only what a verifier must: the K draft-token probabilities of p and q per row, and the
 two V-long rows that the one extra token needs (the residual at the first rejection, or the
-bonus row), each once. No Python loop over positions; on a CPU, long rows are built a pair at a
-time where they lie (:meth:`Chain.row_by_row`), short ones a chunk at a time.
+bonus row), each once. No Python loop over positions; on a CPU, long rows are built where they lie, a
+run of evenly spaced rows at a time (:meth:`Chain.row_by_row`), short ones a chunk at a time.
 
 The registered ``reference`` model, ``REFERENCE`` in :mod:`spectest.implementations.sampler` (declared there so that
 resolving it imports no torch), carries every optional capability: the chain ``verify``, ``verify_logits`` with
@@ -211,9 +211,10 @@ def widened(values: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor 
 
 CHUNK_BYTES = 8 << 20  # a chunk of rows' working rows: in cache on the CPUs it runs on (L2 to L3)
 REREAD = 16 * BLOCK  # from this many cells a row, a chosen block's cells are read again rather than kept
-# From this many cells a row, a CPU builds each residual row where its two rows lie: two rows at a time where neither
-# side is scaled (one operation over both reaches torch's grain size, 32768 cells, and takes both threads), one at
-# a time from PAIRED_ROWS * 4 cells where a half side is (each widening and division then spans the threads alone).
+# From this many cells a row, a CPU builds each residual row where its two rows lie: a run of evenly spaced rows at a
+# time where neither side is scaled (an operation over two or more rows reaches torch's grain size, 32768 cells, and
+# takes both threads), one at a time from ROW_BY_ROW cells where a half side is (each widening and division then spans
+# the threads alone).
 PAIRED_ROWS = 1 << 14
 ROW_BY_ROW = 1 << 16
 
@@ -274,37 +275,32 @@ class Chain:
 
     def row_by_row(self, rows: torch.Tensor, rejected: int, room: Scratch) -> torch.Tensor:
         """:meth:`weights` for long rows: each row's p - q written straight from where its two rows lie (read once,
-        nothing copied out first). Two rows of a side are one strided view where they can be (one operation over
-        both, which torch spreads over its threads, where a single row below its grain size would take one)."""
+        nothing copied out first). Where neither side is scaled, a run of rows evenly spaced in both storages (rows
+        rejected at the same position, or any two rows) is one strided view a side: one operation over the run,
+        which torch spreads over its threads (a single row below its grain size would take one), and no Python
+        step per row."""
         out = room.rows("p", rows.numel(), self.vocab, self.dtype)
         q_room = room.rows("q", 1, self.vocab, working_dtype(self.q))[0]
         positions, at_draft = self.n_accepted[rows], self.at_draft[rows]
-        where = list(zip(rows.tolist(), positions.tolist(), at_draft.tolist(), strict=True))
-        paired = self.unscaled
-        if paired:  # where each row starts in its storage: two rows are a view with their distance as its stride
+        if self.unscaled:
             p_starts, q_starts = starts(self.p, rows, positions).tolist(), starts(self.q, rows, at_draft).tolist()
-        i = 0
-        while i < len(where):
-            if paired and i + 1 < len(where) and (i + 1 < rejected or i >= rejected):
-                p_pair = pair_view(self.p, p_starts[i], p_starts[i + 1])
-                q_pair = pair_view(self.q, q_starts[i], q_starts[i + 1]) if i < rejected else None
-                if p_pair is not None and (i >= rejected or q_pair is not None):
-                    if i < rejected:
-                        torch.sub(p_pair, q_pair, out=out[i : i + 2])
-                    else:
-                        out[i : i + 2].copy_(p_pair)
-                    i += 2
-                    continue
-            row, position, at = where[i]
+            for first, end in evenly_spaced_runs(p_starts, q_starts, rejected):
+                count, p_step = end - first, p_starts[first + 1] - p_starts[first] if end - first > 1 else 1
+                p_run = run_view(self.p, p_starts[first], p_step, count)
+                if first < rejected:
+                    q_step = q_starts[first + 1] - q_starts[first] if count > 1 else 1
+                    torch.sub(p_run, run_view(self.q, q_starts[first], q_step, count), out=out[first:end])
+                else:  # bonus rows: p itself
+                    out[first:end].copy_(p_run)
+            return out.clamp_min_(0)
+        where = zip(rows.tolist(), positions.tolist(), at_draft.tolist(), strict=True)
+        for i, (row, position, at) in enumerate(where):
             p_row, q_row = self.p[row, position], self.q[row, at]
             if i >= rejected:  # the bonus: p itself, widened, unscaled
                 out[i].copy_(p_row)
-            elif paired:
-                torch.sub(p_row, q_row, out=out[i])
             else:  # a half side: widened and scaled into the rows, then subtracted
                 p_wide = out[i].copy_(p_row) if self.p_scale is None else widened(p_row, self.p_scale[row], out[i])
                 p_wide.sub_(q_row if self.q_scale is None else widened(q_row, self.q_scale[row], q_room))
-            i += 1
         return out.clamp_min_(0)
 
     def every_row(self) -> torch.Tensor:
@@ -430,12 +426,34 @@ def starts(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> 
     return rows * stride[0] + positions * stride[1] + probs.storage_offset()
 
 
-def pair_view(probs: torch.Tensor, first: int, second: int) -> torch.Tensor | None:
-    """[2, V] the rows of ``probs`` starting at ``first`` and ``second`` in its storage, as one view (their distance
-    its stride), or None where the second does not start after the first."""
-    if second <= first:
-        return None
-    return probs.as_strided((2, probs.shape[2]), (second - first, probs.stride(2)), first)
+def evenly_spaced_runs(p_starts: list[int], q_starts: list[int], rejected: int) -> list[tuple[int, int]]:
+    """Rows ``[first, end)`` cut into runs, each one strided view a side: the rows' starts in p (and, for the first
+    ``rejected`` rows, in q) rise by the same positive step within a run, and no run mixes rejected and bonus rows.
+    Greedy from the first row: any two rising rows make a run, a third joins where it keeps both steps."""
+    runs, first, count = [], 0, len(p_starts)
+    while first < count:
+        limit = rejected if first < rejected else count
+        end = first + 1
+        if end < limit:
+            p_step = p_starts[end] - p_starts[first]
+            q_step = q_starts[end] - q_starts[first] if first < rejected else 1
+            if p_step > 0 and q_step > 0:
+                end += 1
+                while (
+                    end < limit
+                    and p_starts[end] - p_starts[end - 1] == p_step
+                    and (first >= rejected or q_starts[end] - q_starts[end - 1] == q_step)
+                ):
+                    end += 1
+        runs.append((first, end))
+        first = end
+    return runs
+
+
+def run_view(probs: torch.Tensor, first: int, step: int, count: int) -> torch.Tensor:
+    """[count, V] the rows of ``probs`` starting at ``first`` in its storage and every ``step`` elements after it,
+    as one view."""
+    return probs.as_strided((count, probs.shape[2]), (step, probs.stride(2)), first)
 
 
 def selected_rows(
