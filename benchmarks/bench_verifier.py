@@ -13,7 +13,11 @@ handed over as they are (each verifier reads them natively or converts them itse
 
     python benchmarks/bench_verifier.py [--device cpu|cuda] [--models reference,full-residual]
         [--peer flashinfer] [--batch 1,64,512] [--k 4,8] [--vocab 32000,128256]
-        [--dtype float32,bfloat16,float16] [--max-gb 3] [--json out.json]
+        [--dtype float32,bfloat16,float16] [--drafts random|far] [--max-gb 3] [--json out.json]
+
+``--drafts random`` (the default): p, q and the draft ids independent, so each draft is accepted with probability
+about 3/4 (E min(1, U/U') for independent uniforms) and rows are rejected at every position. ``--drafts far``: every draft is a token q likes and p rules out, so every row is rejected
+at its first draft, as with a draft far from the target: the residual rows then lie evenly spaced in p and q.
 
 ``full-residual`` is the baseline of the issue that introduced this benchmark: an
 implementation that builds and normalises the residual at every position before looking at
@@ -100,14 +104,18 @@ def floor_bytes(batch: int, k: int, vocab: int, itemsize: int) -> int:
     return batch * ((2 * k + 2 * vocab) * itemsize + k * 8 + (k + 1) * 8)
 
 
-def inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, device: torch.device):
+def inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, device: torch.device, drafts: str = "random"):
+    """(draft ids, q, p) of one shape; ``drafts`` says where rows are rejected (module docstring)."""
     gen = make_generator(0, device)
     target = torch.rand((batch, k + 1, vocab), generator=gen, device=device, dtype=torch.float32)
-    target = (target / target.sum(-1, keepdim=True)).to(dtype)
     draft = torch.rand((batch, k, vocab), generator=gen, device=device, dtype=torch.float32)
+    ids = torch.randint(0, vocab, (batch, k), generator=gen, device=device)
+    if drafts == "far":  # token 0: as much of q's mass as all the others together, none of p's
+        ids.zero_()
+        target[:, :, 0], draft[:, :, 0] = 0.0, draft[:, :, 1:].sum(-1)
+    target = (target / target.sum(-1, keepdim=True)).to(dtype)
     draft = (draft / draft.sum(-1, keepdim=True)).to(dtype)
-    drafts = torch.randint(0, vocab, (batch, k), generator=gen, device=device)
-    return drafts, draft, target
+    return ids, draft, target
 
 
 def measure(
@@ -119,10 +127,11 @@ def measure(
     device: torch.device,
     repeats: int,
     peer: str | None = None,
+    drafts: str = "random",
 ) -> dict[str, Any]:
     """One shape: the copy bandwidth, the launch latency and every model's best time, measured back to back;
     each model as a multiple of the floor (bytes over bandwidth, plus the launch) and of ``peer``'s time."""
-    drafts, draft, target = inputs(batch, k, vocab, dtype, device)
+    ids, draft, target = inputs(batch, k, vocab, dtype, device, drafts)
     bandwidth = copy_bandwidth(device, repeats)
     launch = launch_seconds(device, repeats)
     floor = floor_bytes(batch, k, vocab, dtype.itemsize) / bandwidth + launch
@@ -132,6 +141,7 @@ def measure(
         "batch": batch,
         "k": k,
         "vocab": vocab,
+        "drafts": drafts,
         "copy_gb_s": bandwidth / 1e9,
         "launch_s": launch,
         "floor_s": floor,
@@ -139,7 +149,7 @@ def measure(
     for name, verify in models.items():
         gen = make_generator(1, device)
         try:
-            seconds = best_seconds(lambda v=verify, g=gen: v(drafts, draft, target, generator=g), device, repeats)
+            seconds = best_seconds(lambda v=verify, g=gen: v(ids, draft, target, generator=g), device, repeats)
         except Exception as exc:  # a model that cannot take this shape or dtype: said, not fatal to the others
             row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
             continue
@@ -174,7 +184,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if size > args.max_gb * 2**30:
                         print(f"skip B={batch} K={k} V={vocab} {dtype_name}: inputs {size / 2**30:.1f} GiB > --max-gb")
                         continue
-                    row = measure(models, batch, k, vocab, dtype, device, args.repeats, peer)
+                    row = measure(models, batch, k, vocab, dtype, device, args.repeats, peer, args.drafts)
                     rows.append(row)
                     cells = "  ".join(
                         f"{n} {row[f'{n}_x_floor']:7.1f}x"
@@ -204,6 +214,7 @@ def main() -> None:
     parser.add_argument("--k", type=ints, default=[4, 8])
     parser.add_argument("--vocab", type=ints, default=[32000, 128256])
     parser.add_argument("--dtype", type=lambda t: t.split(","), default=["float32", "bfloat16"])
+    parser.add_argument("--drafts", choices=("random", "far"), default="random", help="where rows are rejected")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--max-gb", type=float, default=3.0, help="skip shapes whose inputs exceed this")
     parser.add_argument("--json", default=None)
