@@ -216,7 +216,7 @@ def test_long_rows_give_what_gathered_rows_give(monkeypatch, dtype):
             for reread in (reference.REREAD, 1 << 62):  # drawn from block sums at once; a chunk at a time
                 with pytest.MonkeyPatch.context() as patch:
                     patch.setattr(reference, "ROW_BY_ROW", long_rows)
-                    patch.setattr(reference, "PAIRED_ROWS", long_rows)  # float32 and float64 rows alike
+                    patch.setattr(reference, "RUN_BY_RUN", long_rows)  # float32 and float64 rows alike
                     patch.setattr(reference, "REREAD", reread)
                     emitted = verify(ids, ql, pl, generator=make_generator(3, "cpu"), num_draft_tokens=lengths)
                 outputs.append(emitted)
@@ -248,7 +248,7 @@ def test_rows_rejected_at_one_position_are_one_view_and_give_what_gathered_rows_
     from spectest.implementations import reference
 
     generator = make_generator(17, "cpu")
-    batch, k, vocab = 12, 4, reference.PAIRED_ROWS + 300
+    batch, k, vocab = 12, 4, reference.RUN_BY_RUN + 300
     p = (torch.rand((batch, k + 1, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
     q = (torch.rand((batch, k, vocab), generator=generator) ** 4).to(getattr(torch, dtype))
     ids = torch.randint(0, vocab, (batch, k), generator=generator)
@@ -267,9 +267,9 @@ def test_rows_rejected_at_one_position_are_one_view_and_give_what_gathered_rows_
 
     for layout in LAYOUTS:
         outputs = []
-        for long_rows in (reference.PAIRED_ROWS, 1 << 62):  # built where they lie; gathered
+        for long_rows in (reference.RUN_BY_RUN, 1 << 62):  # built where they lie; gathered
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(reference, "PAIRED_ROWS", long_rows)
+                patch.setattr(reference, "RUN_BY_RUN", long_rows)
                 patch.setattr(reference, "evenly_spaced_runs", spy)
                 drafts, ql, pl = lay_out(ids, layout), lay_out(q, layout), lay_out(p, layout)
                 outputs.append(verify(drafts, ql, pl, generator=make_generator(5, "cpu")))

@@ -215,7 +215,7 @@ REREAD = 16 * BLOCK  # from this many cells a row, a chosen block's cells are re
 # time where neither side is scaled (an operation over two or more rows reaches torch's grain size, 32768 cells, and
 # takes both threads), one at a time from ROW_BY_ROW cells where a half side is (each widening and division then spans
 # the threads alone).
-PAIRED_ROWS = 1 << 14
+RUN_BY_RUN = 1 << 14
 ROW_BY_ROW = 1 << 16
 
 
@@ -250,7 +250,7 @@ class Chain:
     def weights(self, rows: torch.Tensor, rejected: int, room: Scratch | None = None) -> torch.Tensor:
         """[n, V] the weights of ``rows`` [n], the first ``rejected`` of them rejected rows and the rest bonus rows:
         this call's own rows (selected, or built in ``room``)."""
-        if room is not None and self.vocab >= (PAIRED_ROWS if self.unscaled else ROW_BY_ROW):
+        if room is not None and self.vocab >= (RUN_BY_RUN if self.unscaled else ROW_BY_ROW):
             return self.row_by_row(rows, rejected, room)
         p_scale = None if self.p_scale is None else self.p_scale[rows]
         # Rooms are keyed by name and dtype: a half side's selected bits (int16) and its widened rows (float32) share
@@ -285,11 +285,9 @@ class Chain:
         if self.unscaled:
             p_starts, q_starts = starts(self.p, rows, positions).tolist(), starts(self.q, rows, at_draft).tolist()
             for first, end in evenly_spaced_runs(p_starts, q_starts, rejected):
-                count, p_step = end - first, p_starts[first + 1] - p_starts[first] if end - first > 1 else 1
-                p_run = run_view(self.p, p_starts[first], p_step, count)
+                p_run = run_view(self.p, p_starts, first, end)
                 if first < rejected:
-                    q_step = q_starts[first + 1] - q_starts[first] if count > 1 else 1
-                    torch.sub(p_run, run_view(self.q, q_starts[first], q_step, count), out=out[first:end])
+                    torch.sub(p_run, run_view(self.q, q_starts, first, end), out=out[first:end])
                 else:  # bonus rows: p itself
                     out[first:end].copy_(p_run)
             return out.clamp_min_(0)
@@ -450,10 +448,11 @@ def evenly_spaced_runs(p_starts: list[int], q_starts: list[int], rejected: int) 
     return runs
 
 
-def run_view(probs: torch.Tensor, first: int, step: int, count: int) -> torch.Tensor:
-    """[count, V] the rows of ``probs`` starting at ``first`` in its storage and every ``step`` elements after it,
-    as one view."""
-    return probs.as_strided((count, probs.shape[2]), (step, probs.stride(2)), first)
+def run_view(probs: torch.Tensor, row_starts: list[int], first: int, end: int) -> torch.Tensor:
+    """[end - first, V] the rows of ``probs`` starting at ``row_starts[first:end]`` in its storage (evenly spaced:
+    :func:`evenly_spaced_runs`), as one view."""
+    step = row_starts[first + 1] - row_starts[first] if end - first > 1 else 1
+    return probs.as_strided((end - first, probs.shape[2]), (step, probs.stride(2)), row_starts[first])
 
 
 def selected_rows(

@@ -209,10 +209,10 @@ def handler(shim: Shim) -> type[BaseHTTPRequestHandler]:
             """``closes_idle``: a request arriving on a connection idle past half its limit finds it closing, and
             gets no reply (the request raced the server's close; its body is never read). ``drops_reused``: any
             request on a connection that has answered before, whenever it arrives."""
-            if shim.flavour == "closes_idle" and self.answered and time.monotonic() - self.idle_since > IDLE_S / 2:
-                self.close_connection = True
-                return False
-            if shim.flavour == "drops_reused" and self.answered:
+            closing = shim.flavour == "drops_reused" or (
+                shim.flavour == "closes_idle" and time.monotonic() - self.idle_since > IDLE_S / 2
+            )
+            if self.answered and closing:
                 self.close_connection = True
                 return False
             return super().parse_request()
