@@ -463,3 +463,29 @@ def test_a_request_that_got_no_reply_is_sent_once_more_and_a_second_silence_is_t
     assert first["choices"][0]["token_ids"] == again["choices"][0]["token_ids"]  # greedy: the same reply
     with pytest.raises(ServerError, match="sent twice: no reply either time"):
         asyncio.run(reused(shim("drops_connections"), guarded=True))
+
+
+def test_a_request_sent_once_more_goes_on_a_fresh_connection_not_another_pooled_one(shim):
+    """Connections that went idle together (the replies to requests in flight at once) are closed together by a server
+    with an idle timeout, so the resend of a request that met one closing must not take another from the pool. Two
+    requests at once leave two pooled connections; the ``drops_reused`` shim closes the next request's unanswered,
+    and would close the resend's too had it gone on the other."""
+    import asyncio
+
+    import httpx
+
+    from spectest.e2e.http import send
+
+    body = {"model": http_shim.MODEL, "prompt": [3, 4], "max_tokens": 4, "temperature": 0.0}
+
+    async def after_two_at_once(url: str) -> tuple[list[object], object]:
+        async with httpx.AsyncClient(timeout=10) as client:
+
+            def request(label: str):
+                return send(client, name="s", url=url, method="POST", path="/v1/completions", payload=body, label=label)
+
+            both = await asyncio.gather(request("first of two"), request("second of two"))
+            return list(both), await request("after them, on a pooled connection")
+
+    both, after = asyncio.run(after_two_at_once(shim("drops_reused")))
+    assert both[0]["choices"][0]["token_ids"] == after["choices"][0]["token_ids"]  # greedy: the same reply

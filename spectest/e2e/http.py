@@ -58,20 +58,24 @@ async def send(
 ) -> Any:
     """The JSON reply of ``method url+path`` (httpx's async ``client``), or a :class:`ServerError` saying what
     ``name`` did to the request ``label`` (``body``: the request as spectest drew it, for the message). A request
-    that got no reply at all is sent once more (:func:`no_reply`)."""
+    that got no reply at all is sent once more (:func:`no_reply`), on a connection of its own
+    (:func:`fresh_request`)."""
     import httpx
 
     what = f"{label} ({describe(body)})" if body else label
     for attempt in (1, 2):
         try:
-            response = await client.request(method, url + path, json=payload, params=query or None)
+            if attempt == 1:
+                response = await client.request(method, url + path, json=payload, params=query or None)
+            else:
+                response = await fresh_request(client, method, url + path, payload, query)
             break
         except httpx.TimeoutException:
             raise ServerError(f"{name}: {what} got no answer within {client.timeout.read:g} s") from None
         except httpx.HTTPError as exc:
             detail = str(exc).replace(url, redact(url)) or "the connection closed without a reply"
             if attempt == 1 and no_reply(exc):
-                continue  # nothing of it was seen: sending it again biases nothing
+                continue  # nothing of it was seen: sending it again (on a fresh connection) biases nothing
             again = " (sent twice: no reply either time)" if attempt == 2 else ""
             raise ServerError(f"{name}: {what} failed{again}: {type(exc).__name__}: {detail}") from None
     if response.status_code != 200:
@@ -84,3 +88,13 @@ async def send(
         return response.json()
     except ValueError:
         raise ServerError(f"{name}: {what} got malformed JSON from {path}: {response.text[:300]!r}") from None
+
+
+async def fresh_request(client: Any, method: str, url: str, payload: Any, query: dict[str, str] | None) -> Any:
+    """``client``'s request on a new connection, not one from its pool. A server that closes idle keep-alive
+    connections closes those that went idle together at about the same moment (the replies to a batch of requests in
+    flight), so a request that met one closing would, sent again from the pool, often meet another."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=client.timeout, headers=client.headers) as fresh:
+        return await fresh.request(method, url, json=payload, params=query or None)
