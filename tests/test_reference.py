@@ -212,11 +212,14 @@ def test_long_rows_give_what_gathered_rows_give(monkeypatch, dtype):
     for layout in [*LAYOUTS, "position-major"]:
         pl, ql = position_major if layout == "position-major" else (lay_out(p, layout), lay_out(q, layout))
         outputs = []
-        for long_rows in (reference.ROW_BY_ROW, 1 << 62):  # built where they lie; gathered a chunk at a time
+        # Built where they lie (float32 and float64 in runs of any length, or where the runs are long); gathered a chunk
+        # at a time (float32 and float64 rows also where their runs are short).
+        for long_rows, long_run in ((reference.ROW_BY_ROW, 0), (reference.ROW_BY_ROW, 1 << 62), (1 << 62, 0)):
             for reread in (reference.REREAD, 1 << 62):  # drawn from block sums at once; a chunk at a time
                 with pytest.MonkeyPatch.context() as patch:
                     patch.setattr(reference, "ROW_BY_ROW", long_rows)
-                    patch.setattr(reference, "RUN_BY_RUN", long_rows)  # float32 and float64 rows alike
+                    patch.setattr(reference, "RUN_BY_RUN", long_rows)
+                    patch.setattr(reference, "LONG_RUN", long_run)
                     patch.setattr(reference, "REREAD", reread)
                     emitted = verify(ids, ql, pl, generator=make_generator(3, "cpu"), num_draft_tokens=lengths)
                 outputs.append(emitted)
@@ -270,6 +273,7 @@ def test_rows_rejected_at_one_position_are_one_view_and_give_what_gathered_rows_
         for long_rows in (reference.RUN_BY_RUN, 1 << 62):  # built where they lie; gathered
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(reference, "RUN_BY_RUN", long_rows)
+                patch.setattr(reference, "LONG_RUN", 0)  # these runs, however short their rows, are views
                 patch.setattr(reference, "evenly_spaced_runs", spy)
                 drafts, ql, pl = lay_out(ids, layout), lay_out(q, layout), lay_out(p, layout)
                 outputs.append(verify(drafts, ql, pl, generator=make_generator(5, "cpu")))
@@ -277,6 +281,38 @@ def test_rows_rejected_at_one_position_are_one_view_and_give_what_gathered_rows_
         assert bool((outputs[0][:8, 1] >= 0).all() and (outputs[0][:8, 2] == -1).all()), "rejected at position 1"
         assert bool((outputs[0][8:, k] >= 0).all()), "bonus rows"
     assert max(end - first for first, end in runs) >= 8, runs
+
+
+def test_long_runs_are_views_and_short_ones_gathered(monkeypatch):
+    """Float32 rows in runs of LONG_RUN cells or more on average are built from one view a side per run; rows rejected
+    at scattered positions (runs of a row or two) are gathered a chunk at a time, where an operation a run would cost
+    more than the copy."""
+    from spectest.implementations import reference
+
+    generator = make_generator(19, "cpu")
+    batch, k, vocab = 16, 4, reference.RUN_BY_RUN + 300
+    p = torch.rand((batch, k + 1, vocab), generator=generator) + 1.0  # p > q everywhere but at token 0
+    q = torch.rand((batch, k, vocab), generator=generator)
+    q[:, :, 0], p[:, :, 0] = 1.0, 0.0  # token 0 is always rejected
+    viewed, gathered = [], []
+    run_view, selected_rows = reference.run_view, reference.selected_rows
+    monkeypatch.setattr(reference, "run_view", lambda *args: viewed.append(args[3] - args[2]) or run_view(*args))
+    monkeypatch.setattr(
+        reference, "selected_rows", lambda *args: gathered.append(args[1].numel()) or selected_rows(*args)
+    )
+    monkeypatch.setattr(reference, "LONG_RUN", 4 * vocab)
+    far = torch.ones((batch, k), dtype=torch.long)
+    far[:, 0] = 0  # every row rejected at its first draft: one run of 16 rows
+    emitted = verify(far, q, p, generator=make_generator(1, "cpu"))
+    assert bool((emitted[:, 1:] == -1).all())
+    assert viewed and max(viewed) == batch and not gathered, (viewed, gathered)
+    viewed.clear()
+    scattered = torch.ones((batch, k), dtype=torch.long)
+    # Rejected at positions 0, 1, 0, 1, ...: each step between rows differs from the one before, runs of two rows.
+    scattered[torch.arange(batch), torch.arange(batch) % 2] = 0
+    emitted = verify(scattered, q, p, generator=make_generator(1, "cpu"))
+    assert bool(((emitted >= 0).sum(1) == torch.arange(batch) % 2 + 1).all())
+    assert not viewed and gathered, (viewed, gathered)
 
 
 def emitted_by_rows(ids, q, p, u, v, rows: slice) -> torch.Tensor:
