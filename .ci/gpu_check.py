@@ -5,7 +5,8 @@ reason when it cannot run here. Phase 1 runs side by side, each step under its o
 for every available model and every available engine's suite, the known-broken kernels (each must fail the
 per-position property, read from the results file), the kernels' own tests on CUDA, compute-sanitizer's
 memcheck and racecheck on every shipped kernel for a few shapes, and the compile gate. Phase 2 runs alone on a
-quiet GPU: the bandwidth benchmark (its failure tolerated). Everything lands in one archive,
+quiet GPU: the bandwidth benchmark (FlashInfer as the peer where it runs) and a default-budget run of the Triton
+kernel as a user starts it, timed, with where its CPU went (both failures tolerated). Everything lands in one archive,
 ``$OUT/gpu-check.tgz``, and a short summary goes to stdout (per subject its counts, per broken kernel its
 verdict, per kernel its compile, sanitizer and bandwidth figures).
 
@@ -31,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE_S, ENGINE_S, BROKEN_S, TESTS_S, SANITIZER_S, GATE_S, BENCH_S = 210, 210, 180, 200, 150, 200, 100
+DEFAULT_RUN_S = 120  # issue 48's target for it: 15 s on an H200
+DEFAULT_RUN_MODEL = "reference-triton"
 KERNELS = {"reference-triton": "spectest.gpu.triton", "reference-cupy": "spectest.gpu.cupy"}
 CATCHING_PROPERTY = "test_every_row_and_position_is_exact"  # fails each broken kernel (tests/test_triton.py)
 SANITIZER_SHAPES = [("3", "4", "1025", "float32", "contiguous"), ("2", "3", "32000", "bfloat16", "padded")]
@@ -49,7 +52,7 @@ class Subject:
 @dataclass
 class Step:
     name: str
-    kind: str  # suite, engine, broken, tests, sanitizer, gate, bench
+    kind: str  # suite, engine, broken, tests, sanitizer, gate, bench, timed
     command: list[str]
     timeout: int
     phase: int = 1  # 1: side by side; 2: alone, after phase 1
@@ -126,7 +129,13 @@ def plan(python: str, everything: list[Subject]) -> list[Step]:
     models = [name for name in BENCH_MODELS if any(s.name == name for s in runnable)]
     bench = [python, str(REPO / "benchmarks" / "bench_verifier.py"), "--device", "cuda", "--models", ",".join(models)]
     bench += [*BENCH_SHAPES, "--max-gb", "20", "--json", "bench.json"]
+    if any(s.name == "flashinfer" for s in runnable):
+        bench += ["--peer", "flashinfer"]
     steps.append(Step("bandwidth benchmark", "bench", bench, BENCH_S, phase=2, results="bench.json"))
+    if any(s.name == DEFAULT_RUN_MODEL for s in runnable):
+        command = [*pytest, "--spec-model", DEFAULT_RUN_MODEL, "--spec-device", "cuda"]
+        name = f"default run {DEFAULT_RUN_MODEL}"
+        steps.append(Step(name, "timed", command, DEFAULT_RUN_S, phase=2, results="default-run.json"))
     return steps
 
 
@@ -138,7 +147,7 @@ def broken_names(kernel: str) -> list[str]:
 
 def command_of(step: Step, work: Path) -> list[str]:
     """The step's command with its results file in ``work`` (pytest steps get --spec-results)."""
-    if step.kind in ("suite", "engine", "broken"):
+    if step.kind in ("suite", "engine", "broken", "timed"):
         return [*step.command, "--spec-results", str(work / step.results)]
     return step.command
 
@@ -218,6 +227,50 @@ def sanitizer_line(log: Path) -> str:
     return lines[-1].removeprefix("========= ") if lines else "no sanitizer summary"
 
 
+def bandwidth_line(bench: list[dict], kernel: str) -> str:
+    """A kernel's benchmark rows in a line: its median multiple of the floor (and of the floor at the run's best copy
+    bandwidth), and against FlashInfer where it ran as the peer: the median ratio and at how many shapes it is faster."""
+    ratios = [row[f"{kernel}_x_floor"] for row in bench if f"{kernel}_x_floor" in row]
+    if not ratios:
+        return "not measured"
+    line = f"median {statistics.median(ratios):.1f}x the floor over {len(ratios)} shapes"
+    best = [row[f"{kernel}_x_best_floor"] for row in bench if f"{kernel}_x_best_floor" in row]
+    if best:
+        line += f" ({statistics.median(best):.1f}x at the run's best copy)"
+    peer = [row[f"{kernel}_x_flashinfer"] for row in bench if f"{kernel}_x_flashinfer" in row]
+    if peer:
+        faster = sum(ratio < 1 for ratio in peer)
+        line += f"; {statistics.median(peer):.2f}x FlashInfer's time (median), faster at {faster} of {len(peer)} shapes"
+    return line
+
+
+def default_run_line(path: Path, outcome: dict) -> str:
+    """The timed default run in a line: its wall time against the 15 s target, its outcomes, and its CPU in the
+    properties (the kernel's calls, generating inputs, statistics), as the run's own summary splits it."""
+    if not outcome:
+        return "not run"
+    line = f"{outcome['seconds']:.1f} s wall (target 15 s), exit {outcome['exit']}"
+    if outcome.get("timed_out"):
+        return line + " (timed out)"
+    if not path.exists():
+        return line + ", no results"
+    document = json.loads(path.read_text())
+    counts: dict[str, int] = {}
+    for test in document["tests"]:
+        counts[test["outcome"]] = counts.get(test["outcome"], 0) + 1
+    line += ", " + " ".join(f"{key} {value}" for key, value in sorted(counts.items()))
+    timings = [figure["timing"] for figure in document.get("figures", []) if "timing" in figure]
+    if timings:
+        total = {
+            key: sum(t.get(key, 0.0) for t in timings) for key in ("total_s", "calls_s", "inputs_s", "statistics_s")
+        }
+        line += (
+            f"; CPU in the properties {total['total_s']:.1f} s: the kernel's calls {total['calls_s']:.1f} s, "
+            f"generating inputs {total['inputs_s']:.1f} s, statistics {total['statistics_s']:.1f} s"
+        )
+    return line
+
+
 @dataclass
 class Verdict:
     """What the summary found: what broke, and what did not finish (a timeout is no pass, and no failure)."""
@@ -284,13 +337,13 @@ def summarise(
         for step in checks:
             verdict.judge(step.name, outcomes.get(step.name, {}), outcomes.get(step.name, {}).get("exit") != 0)
         clean = [s for s in checks if outcomes.get(s.name, {}).get("exit") == 0]
-        ratios = [row[f"{kernel}_x_floor"] for row in bench if f"{kernel}_x_floor" in row]
-        speed = (
-            f"median {statistics.median(ratios):.1f}x the floor over {len(ratios)} shapes" if ratios else "not measured"
-        )
+        speed = bandwidth_line(bench, kernel)
         lines.append(f"  {kernel}: {compiled}; sanitizers {len(clean)}/{len(checks)} clean; bandwidth {speed}")
         lines += [f"    failed to compile: {r['label']}" for r in failed[:5]]
         lines += [f"    {step.name}: {sanitizer_line(log_path(work, step))}" for step in checks]
+    timed = next((s for s in steps if s.kind == "timed"), None)
+    if timed is not None:
+        lines.append(f"{timed.name}: {default_run_line(work / timed.results, outcomes.get(timed.name, {}))}")
     tests = next((s for s in steps if s.kind == "tests"), None)
     if tests is not None:
         verdict.judge("kernel tests", outcomes.get(tests.name, {}), outcomes.get(tests.name, {}).get("exit") != 0)

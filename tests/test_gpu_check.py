@@ -54,6 +54,8 @@ def test_the_plan_lists_every_registered_subject_and_its_steps(tmp_path):
     assert any("racecheck reference-triton" in step for step in steps)
     assert any(step.startswith("  [1] compile gate") for step in steps)
     assert any(step.startswith("  [2] bandwidth benchmark") and "reference-triton" in step for step in steps)
+    timed = next(step for step in steps if step.startswith("  [2] default run reference-triton"))
+    assert "--spec-model reference-triton --spec-device cuda" in timed and "--spec-budget" not in timed
     assert any(step.startswith("  [1] suite reference ") and "--spec-device cuda" in step for step in steps)
     assert list(tmp_path.iterdir()) == [], "the plan writes nothing"
 
@@ -99,7 +101,22 @@ def test_the_summary_reads_each_verdict_from_the_files_the_steps_wrote(tmp_path,
         },
     )
     write(tmp_path / "compile-gate.json", {"results": [{"label": "triton chain", "status": "ok"}]})
-    write(tmp_path / "bench.json", {"rows": [{"reference-triton_x_floor": 1.5}, {"reference-triton_x_floor": 2.5}]})
+    rows = [
+        {"reference-triton_x_floor": 1.5, "reference-triton_x_best_floor": 2.0, "reference-triton_x_flashinfer": 0.5},
+        {"reference-triton_x_floor": 2.5, "reference-triton_x_best_floor": 3.0, "reference-triton_x_flashinfer": 1.25},
+    ]
+    write(tmp_path / "bench.json", {"rows": rows})
+    timing = {"total_s": 9.0, "calls_s": 4.0, "inputs_s": 3.0, "statistics_s": 2.0}
+    write(
+        tmp_path / "default-run.json",
+        {
+            "tests": [result("reference-triton", "a", "passed"), result("reference-triton", "b", "passed")],
+            "figures": [
+                {"model": "reference-triton", "timing": timing},
+                {"model": "reference-triton", "timing": timing},
+            ],
+        },
+    )
     (tmp_path / "logs").mkdir()
     outcomes = {step.name: {"exit": 0, "seconds": 1.0, "timed_out": False} for step in steps}
     text, verdict = check.summarise(subjects, steps, outcomes, tmp_path)
@@ -108,7 +125,13 @@ def test_the_summary_reads_each_verdict_from_the_files_the_steps_wrote(tmp_path,
     assert "residual_from_position_0" in text and "caught (statistical: per-position)" in text
     assert "NOT CAUGHT: failed" in text, "a harness crash is no catch"
     assert "NOT CAUGHT: passed" in text
-    assert "compile 1/1 ok" in text and "median 2.0x the floor over 2 shapes" in text
+    assert "compile 1/1 ok" in text and "median 2.0x the floor over 2 shapes (2.5x at the run's best copy)" in text
+    assert "0.88x FlashInfer's time (median), faster at 1 of 2 shapes" in text
+    assert (
+        "default run reference-triton: 1.0 s wall (target 15 s), exit 0, passed 2; CPU in the properties 18.0 s: "
+        in text
+    )
+    assert "the kernel's calls 8.0 s, generating inputs 6.0 s, statistics 4.0 s" in text
     assert verdict.failed == ["spectest.gpu.triton:id_past_v", "spectest.gpu.triton:uniform_reused"], verdict
     # Every broken kernel caught: then everything held.
     write(
