@@ -10,6 +10,7 @@ packages, what a package is needed for).
 from __future__ import annotations
 
 import importlib.util
+import shutil
 
 
 def missing(*packages: str, gpu: bool = False, hint: str | None = None) -> str | None:
@@ -42,3 +43,11 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def compiler_missing() -> str | None:
+    """Why ``torch.compile`` cannot build CPU code here (no C++ compiler on the PATH: Inductor's CPU backend compiles
+    C++), or None."""
+    if any(shutil.which(name) for name in ("c++", "g++", "clang++")):
+        return None
+    return "no C++ compiler on the PATH (c++, g++ or clang++), which torch.compile's CPU backend needs"

@@ -56,6 +56,7 @@ CAPABILITIES = {
     "reference-tree-iid": {"tree", "standard-rejection"},
     "reference-tree-without-replacement": {"tree", "standard-rejection"},
     "reference-tree-topk": {"tree", "standard-rejection"},
+    "reference-compiled": {"standard-rejection", "ragged-drafts"},
 }
 # A top-k tree model's chain view sees one-hot drafts: the chain's standard rule does not hold for it.
 CHAIN_VIEW_LACKS = {"reference-tree-topk": {"standard-rejection"}}
@@ -63,13 +64,15 @@ CHAIN_VIEW_LACKS = {"reference-tree-topk": {"standard-rejection"}}
 TREES = ["reference-tree-iid", "reference-tree-without-replacement", "reference-tree-topk"]
 # Block verification: lossless, not token-wise; on the chain properties in the slow tier's seeds.
 BLOCKS = ["block_verification"]  # reference-block, from tests/verifiers/correct.py
+# The reference's chain with its long rows fused by torch.compile: on the chain properties in the slow tier.
+COMPILED = ["reference-compiled"]
 BUGS = matrix.declarations()  # "file:bug" -> {property: rules that may name it}
 ONLY = matrix.only_caught_by()
 
 
 def model_arg(name: str) -> str:
     """The --spec-model value of a verifier in tests/verifiers ("file.py:name" or a bare correct one)."""
-    if name == "reference" or name in TREES:
+    if name == "reference" or name in TREES + COMPILED:
         return name
     file, _, attr = name.rpartition(":")
     return f"{VERIFIERS / (file or 'correct.py')}:{attr}"
@@ -176,7 +179,7 @@ def correct_run(
     tree references on the tree properties and (``tree_chain_views``) the chain ones; without
     ``large_vocabularies``, the chain properties but the one at V = 32000-256000 (the slow tier's)."""
     chain = CHAIN_PROPERTIES if large_vocabularies else [p for p in CHAIN_PROPERTIES if p != LARGE]
-    pairs = {name: chain for name in models if name in CHAIN + BLOCKS}
+    pairs = {name: chain for name in models if name in CHAIN + BLOCKS + COMPILED}
     for name in models:
         if name in TREES:
             pairs[name] = TREE_PROPERTIES + (chain if tree_chain_views else [])
@@ -321,6 +324,14 @@ def test_correct_verifiers_pass_over_many_seeds(tmp_path, seed):
     models = [m for m in dict.fromkeys(CHAIN + LOGITS + BLOCKS) if m != "as_object" and (seed > 1 or m != "reference")]
     # V = 32000-256000 costs 15-40 s a verifier: the first seed holds every correct verifier to it.
     correct_run(models, tmp_path, "--spec-seed", str(seed), large_vocabularies=seed == 1)
+
+
+@pytest.mark.slow
+@pytest.mark.cost(90)
+def test_the_compiled_reference_passes_every_chain_property(tmp_path):
+    """reference-compiled at the default budget on every chain property, the one at V = 32000-256000 included: its
+    long rows are the ones torch.compile fuses (tests/test_compiled.py holds it token for token to the reference)."""
+    correct_run(COMPILED, tmp_path, "--spec-seed", "1")
 
 
 @pytest.mark.slow

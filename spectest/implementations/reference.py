@@ -38,6 +38,19 @@ def verify(
     Half-precision inputs are normalised and worked on in float32 (see :func:`working_precision`).
     ``num_draft_tokens`` [B]: row r carries only its first n_r drafts, its bonus row is
     target_probs[r, n_r] (ragged batches, as vLLM passes them)."""
+    return verify_with(Chain, draft_token_ids, draft_probs, target_probs, generator, num_draft_tokens)
+
+
+def verify_with(
+    chain_type: type[Chain],
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+    num_draft_tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`verify` with the extra token's rows built by ``chain_type`` (:class:`Chain` or a subclass that builds them
+    another way, as :mod:`spectest.implementations.compiled` does)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
     u = torch.rand((batch, k), generator=generator, device=device, dtype=working_dtype(target_probs))
@@ -53,6 +66,7 @@ def verify(
         ExtraToken(v),
         lengths=num_draft_tokens,
         scales=scales,
+        chain_type=chain_type,
     )
 
 
@@ -157,12 +171,22 @@ def working_precision(probs: torch.Tensor) -> torch.Tensor:
     return wide / wide.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=None, scales=None) -> torch.Tensor:
+def verify_at(
+    draft_token_ids,
+    draft_probs,
+    target_probs,
+    u,
+    sample,
+    lengths=None,
+    scales=None,
+    chain_type: type[Chain] | None = None,
+) -> torch.Tensor:
     """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the
     extra token; ``lengths`` [B]: drafts per row (default K); ``scales``: (q, p) row sums [B, K, 1]
     and [B, K + 1, 1] of unnormalised half inputs: every value read is widened to float32 and divided
     by its row's sum (what :func:`working_precision` gives, without widening the untouched rows), but for a
-    bonus row's, only widened: it is drawn from p alone, in which its scale cancels.
+    bonus row's, only widened: it is drawn from p alone, in which its scale cancels. ``chain_type``: the class that
+    builds the extra token's rows (:class:`Chain` by default).
 
     ``sample`` may be a :class:`ExtraToken` (the rows' own uniforms): the extra tokens' rows are then built a few
     at a time, each few reduced to its block sums while in cache, and every row drawn from its sums at once (the
@@ -181,7 +205,9 @@ def verify_at(draft_token_ids, draft_probs, target_probs, u, sample, lengths=Non
         accepted &= torch.arange(k, device=device) < lengths.unsqueeze(1)
     n_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     drafted = torch.full_like(n_accepted, k) if lengths is None else lengths
-    chain = Chain(draft_probs, target_probs, n_accepted, n_accepted.clamp(max=k - 1), n_accepted < drafted, scales)
+    chain = (chain_type or Chain)(
+        draft_probs, target_probs, n_accepted, n_accepted.clamp(max=k - 1), n_accepted < drafted, scales
+    )
     if isinstance(sample, ExtraToken):
         extra = chain.extra_tokens(sample.v)
     else:
@@ -360,6 +386,11 @@ class Chain:
         sums = torch.cat([block_sums(self.weights(rows, head, room)) for rows, head in parts])
         if permuted:
             sums = torch.empty_like(sums).index_copy_(0, order, sums)
+        return self.drawn_from_sums(sums, v)
+
+    def drawn_from_sums(self, sums: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Every row's extra token at its uniform ``v`` [B] from its weights' block sums ``sums`` [B, blocks]
+        (:func:`~spectest.sampling.block_sums`, in batch order), the chosen block's cells read again from p and q."""
         # p != q at a rejection, so the residual has mass; rounding can still empty it: fall back to p. (A block sum
         # of non-negative cells is zero only where every cell is.)
         empty = (sums == 0).all(dim=-1)

@@ -1,4 +1,5 @@
-"""The registered ``reference`` model: what it declares, and its methods, with torch imported at the first call.
+"""The registered ``reference`` and ``reference-compiled`` models: what they declare, and their methods, with torch
+imported at the first call.
 
 ``--spec-model reference`` is resolved wherever the pytest plugin configures, and on pytest-xdist's controller that
 is only to describe the model (the header, the results file): the workers resolve it again and run it. Importing
@@ -73,3 +74,35 @@ class ReferenceSampler:
 
 
 REFERENCE = ReferenceSampler()
+
+
+class CompiledReference:
+    """``reference-compiled``: the reference's chain with its long CPU rows fused by ``torch.compile``
+    (:mod:`spectest.implementations.compiled` says why it is not the default)."""
+
+    spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
+    spectest_dtypes = ("float32", "float64", "bfloat16", "float16")
+
+    @property
+    def spectest_unavailable(self) -> str | None:
+        from spectest.availability import compiler_missing
+
+        return compiler_missing()
+
+    def verify(
+        self,
+        draft_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        *,
+        generator: torch.Generator,
+        num_draft_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from spectest.implementations.compiled import verify
+
+        return verify(
+            draft_token_ids, draft_probs, target_probs, generator=generator, num_draft_tokens=num_draft_tokens
+        )
+
+
+REFERENCE_COMPILED = CompiledReference()
