@@ -2,8 +2,10 @@
 
 It reads only what a verifier must: the K draft-token probabilities of p and q per row, and the
 two V-long rows that the one extra token needs (the residual at the first rejection, or the
-bonus row), each once. No Python loop over positions; on a CPU, long rows are built where they lie, a
-run of evenly spaced rows at a time (:meth:`Chain.row_by_row`), short ones a chunk at a time.
+bonus row), each once. No Python loop over positions; on a CPU, long rows that lie in long runs are built where
+they lie, a run of evenly spaced rows at a time (:meth:`Chain.run_by_run`; a half side's rows one at a time,
+:meth:`Chain.row_by_row`), the others gathered a chunk at a time. ``reference-compiled``
+(:mod:`spectest.implementations.compiled`) is this chain with its long rows' passes fused by ``torch.compile``.
 
 The registered ``reference`` model, ``REFERENCE`` in :mod:`spectest.implementations.sampler` (declared there so that
 resolving it imports no torch), carries every optional capability: the chain ``verify``, ``verify_logits`` with
@@ -310,9 +312,9 @@ class Chain:
         each run's p - q is one operation written straight from where its rows lie (read once, nothing copied out
         first), which torch spreads over its threads. None where the runs are short (:data:`LONG_RUN` cells: rows
         rejected at scattered positions, at V = 32000): an operation a run then costs more than gathering the rows
-        (:meth:`weights`), a copy of whole rows at a time into memory that stays in cache (B = 512, K = 8,
-        V = 32000, random drafts: 1.9x the copy floor gathered against 2.3x two rows a run; at V = 128256 two
-        rows a run take 1.6x and gathering 1.9x)."""
+        (:meth:`weights`), a copy of whole rows at a time into memory that stays in cache (B = 512, V = 32000,
+        random drafts: 1.8-2.1x the copy floor gathered against 2.2-2.3x two rows a run at the usual bandwidth, 5.3
+        against 9.7 ms in the machine's fast spells; at V = 128256 two rows a run take 1.6x and gathering 1.9x)."""
         positions, at_draft = self.n_accepted[rows], self.at_draft[rows]
         p_starts, q_starts = starts(self.p, rows, positions).tolist(), starts(self.q, rows, at_draft).tolist()
         runs = evenly_spaced_runs(p_starts, q_starts, rejected)
@@ -454,16 +456,32 @@ def cells_at(
     probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, cells: torch.Tensor
 ) -> torch.Tensor:
     """[n, width] ``probs[rows[i], positions[i], cells[i]]``, the cells [n, width] of block ``block[i]`` [n, 1]
-    (clamped to the last cell past V). The whole blocks are a view, and each row's is one slice of it (indexing
-    every cell took 5-10x longer); a row whose block is the short last one reads its cells one by one."""
+    (clamped to the last cell past V). Where a row's cells are contiguous, every block is a row of one view of the
+    storage (:func:`windows`) and the chosen ones are copied by one ``index_select`` (a quarter of the time of
+    indexing the blocks' view by row, position and block, which took 5-10x less than indexing every cell); a row
+    whose block is the short last one reads its cells one by one."""
     width = cells.shape[1]
     whole = probs.shape[2] // width
-    values = probs[..., : whole * width].unflatten(2, (whole, width))[rows, positions, block[:, 0].clamp(max=whole - 1)]
+    chosen = block[:, 0].clamp(max=whole - 1)
+    if probs.stride(2) == 1:  # each row's block is a window of the storage: one copy of whole blocks
+        values = windows(probs, width).index_select(0, starts(probs, rows, positions) + chosen * width)
+        values = values.view(probs.dtype)
+    else:
+        values = probs[..., : whole * width].unflatten(2, (whole, width))[rows, positions, chosen]
     if whole * width < probs.shape[2]:
         last = (block[:, 0] == whole).nonzero().flatten()
         if last.numel():
             values[last] = probs[rows[last].unsqueeze(1), positions[last].unsqueeze(1), cells[last]]
     return values
+
+
+def windows(probs: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, width]: every run of ``width`` consecutive elements of ``probs``'s storage, the one starting at element i
+    as row i (overlapping rows of one view; half values as 16-bit integers, which torch copies faster)."""
+    bits = BITS.get(probs.dtype)
+    flat = probs.view(bits) if bits is not None else probs
+    count = flat.untyped_storage().nbytes() // flat.element_size() - width + 1
+    return flat.as_strided((count, width), (1, 1), 0)
 
 
 def starts(probs: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
