@@ -50,9 +50,28 @@ def test_the_compiled_reference_fuses_long_rows_and_draws_what_the_reference_dra
         want = reference.verify(ids, q, p, generator=make_generator(seed, "cpu"), num_draft_tokens=lengths)
         got = compiled.verify(ids, q, p, generator=make_generator(seed, "cpu"), num_draft_tokens=lengths)
         assert torch.equal(got, want), (seed, got, want)
-    assert {"residual_block_sums", "row_block_sums"} <= set(fused), fused
+    assert "residual_and_bonus_block_sums" in fused, fused
     assert compiled.FusedChain.failed is None
     assert bool((want[[0, 8], 3] >= 0).all()), "the rows with q = p and three drafts take the bonus"
+
+
+def test_rows_of_a_kind_are_fused_two_or_more_at_a_time(monkeypatch):
+    """No bonus rows: the residuals alone are fused. One bonus row or one rejected row: the reference's passes, as a
+    compiled function would specialise for one row (a compile of its own)."""
+    from spectest.implementations import compiled, reference
+
+    fused = []
+    compile_once = compiled.compiled
+    monkeypatch.setattr(compiled, "compiled", lambda fn: fused.append(fn.__name__) or compile_once(fn))
+    ids, q, p, _ = long_rows_case(torch.float32, compiled.FUSED_FROM + 300)
+    q[:, 0, 5], p[:, 0, 5] = 1.0, 0.0
+    ids[:, 0] = 5  # token 5 is never accepted at the first draft: every row rejects there
+    every, one_bonus, one_rejected = torch.tensor([3] * 12), torch.tensor([3] * 11 + [0]), torch.tensor([0] * 11 + [3])
+    for lengths, expected in ((every, ["residual_block_sums"]), (one_bonus, []), (one_rejected, [])):
+        fused.clear()
+        want = reference.verify(ids, q, p, generator=make_generator(8, "cpu"), num_draft_tokens=lengths)
+        got = compiled.verify(ids, q, p, generator=make_generator(8, "cpu"), num_draft_tokens=lengths)
+        assert torch.equal(got, want) and fused == expected, (lengths, fused)
 
 
 def test_the_compiled_reference_builds_other_rows_as_the_reference_does(monkeypatch):
