@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from spectest.implementations.reference import Chain, verify_with
+from spectest.implementations.reference import Chain, merged, verify_with
 from spectest.sampling import block_sums
 
 FUSED_FROM = 1 << 14  # cells a row: below it a row's passes stay in cache and the eager reference is as fast
@@ -72,8 +72,6 @@ class FusedChain(Chain):
     failed: str | None = None  # why compiling failed in this process (then every chain builds its rows eagerly)
 
     def extra_tokens(self, v: torch.Tensor) -> torch.Tensor:
-        order, rejected = self.order()
-        bonus = order.numel() - rejected
         p_rows, q_rows = merged(self.p), merged(self.q)
         if (
             self.rows.device.type != "cpu"
@@ -82,11 +80,13 @@ class FusedChain(Chain):
             or p_rows is None
             or q_rows is None
             or FusedChain.failed is not None
-            # Rows of a kind come 0, 2 or more to a call: a compiled function specialises for a size of 0 or 1 (a
-            # compile of 2-3 s each), and one or two rows are as fast eagerly.
-            or rejected < 2
-            or bonus == 1
         ):
+            return super().extra_tokens(v)
+        order, rejected = self.order()
+        bonus = order.numel() - rejected
+        # Rows of a kind come 0, 2 or more to a call: a compiled function specialises for a size of 0 or 1 (a compile
+        # of 2-3 s each), and one or two rows are as fast eagerly.
+        if rejected < 2 or bonus == 1:
             return super().extra_tokens(v)
         head, tail = order[:rejected], order[rejected:]
         p_index = head * self.p.shape[1] + self.n_accepted[head]
@@ -105,11 +105,3 @@ class FusedChain(Chain):
         if order is not self.rows:
             sums = torch.empty_like(sums).index_copy_(0, order, sums)
         return self.drawn_from_sums(sums, v)
-
-
-def merged(probs: torch.Tensor) -> torch.Tensor | None:
-    """[B * positions, V]: ``probs`` [B, positions, V] with its first two dimensions as one (row b's position i at
-    b * positions + i), a view; None where they do not merge (a position-major layout)."""
-    if probs.stride(0) != probs.shape[1] * probs.stride(1):
-        return None
-    return probs.as_strided((probs.shape[0] * probs.shape[1], probs.shape[2]), (probs.stride(1), probs.stride(2)))

@@ -528,21 +528,26 @@ def selected_rows(
     whose first two dimensions merge: contiguous, a vocabulary padded past its width, vocabulary-major) it is one
     ``index_select`` of whole rows, several times faster on a CPU than advanced indexing. With a ``room`` (CPU
     tensors only) the rows are written into its rows ``name``, which the next call with that name overwrites."""
-    batch, width = probs.shape[0], probs.shape[1]
-    if probs.stride(0) == width * probs.stride(1):
-        merged = probs.as_strided((batch * width, probs.shape[2]), (probs.stride(1), probs.stride(2)))
+    whole = merged(probs)
+    if whole is not None:
         bits = BITS.get(probs.dtype)  # half rows are copied as 16-bit integers: torch's bf16 index_select is slow
-        flat = rows * width + positions
+        flat = rows * probs.shape[1] + positions
         if bits is not None:
-            merged = merged.view(bits)
+            whole = whole.view(bits)
         if room is None:
-            chosen = merged.index_select(0, flat)
+            chosen = whole.index_select(0, flat)
         else:
-            chosen = torch.index_select(
-                merged, 0, flat, out=room.rows(name, flat.numel(), merged.shape[1], merged.dtype)
-            )
+            chosen = torch.index_select(whole, 0, flat, out=room.rows(name, flat.numel(), whole.shape[1], whole.dtype))
         return chosen if bits is None else chosen.view(probs.dtype)
     return probs[rows, positions]
+
+
+def merged(probs: torch.Tensor) -> torch.Tensor | None:
+    """[B * positions, V]: ``probs`` [B, positions, V] with its first two dimensions as one (row b's position i at
+    b * positions + i), a view; None where they do not merge (a position-major layout)."""
+    if probs.stride(0) != probs.shape[1] * probs.stride(1):
+        return None
+    return probs.as_strided((probs.shape[0] * probs.shape[1], probs.shape[2]), (probs.stride(1), probs.stride(2)))
 
 
 def row_uniforms(
