@@ -10,7 +10,10 @@ reported as a multiple of that floor and, where a peer is installed (FlashInfer'
 ``chain_speculative_sampling``, ``--peer flashinfer``), as a multiple of the peer's time at the
 same shape, and against the floor at the best copy bandwidth of the whole run (a shared machine's bandwidth
 moves between shapes while a verifier's time may not: :func:`at_best_copy`). Everything is timed in one process,
-interleaved, best of N. Half-precision rows are handed over as they are (each verifier reads them natively or
+interleaved, best of N after :data:`WARMUP_S` of calls: on the 2-core VMs this runs on, a verification's time
+after the run's 256 MiB copy (or a pause) starts at 1.5-4x its steady time and takes 10-15 calls to get back (B = 64,
+K = 8, V = 32000: 2.3 ms down to 0.6 ms; docs/figures.md, 2026-12-06 stop 57), so one warm-up call and best of 5
+timed that ramp, not the verifier. Half-precision rows are handed over as they are (each verifier reads them natively or
 converts them itself).
 
     python benchmarks/bench_verifier.py [--device cpu|cuda] [--models reference,full-residual]
@@ -67,8 +70,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+WARMUP_S = 0.2  # seconds of calls before timing: past the machine's ramp back to speed (module docstring)
+
+
 def best_seconds(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    fn()  # warm-up (allocator, kernels)
+    """Best of ``repeats`` timed calls, after calls for :data:`WARMUP_S` (at least one: allocator, kernels, compiles)."""
+    warm_until = None
+    while warm_until is None or time.perf_counter() < warm_until:
+        fn()
+        synchronize(device)
+        if warm_until is None:  # the first call (a compile, a kernel's load) is not part of the warm-up's time
+            warm_until = time.perf_counter() + WARMUP_S
     times = []
     for _ in range(repeats):
         synchronize(device)
