@@ -1,21 +1,28 @@
-"""The reference with its long rows fused by ``torch.compile``: the ``reference-compiled`` model (on a CPU).
+"""The reference's chain compiled whole by ``torch.compile``: the ``reference-compiled`` model (on a CPU).
 
 Eager PyTorch builds the extra token's rows max(0, p - q) in passes: gather p's and q's rows, subtract, clamp, sum
 each block. On a CPU those passes over rows in cache, not the reading of p and q, are what keeps a float32
-verification at large vocabularies at 2-2.7x the time a copy of its bytes takes (docs/figures.md). Compiled by
-Inductor's C++ backend, the gather, the subtraction, the clamp and the block sums are one loop that reads each row
-once, at about the copy's speed. Everything else is the reference's own (:mod:`spectest.implementations.reference`):
-the acceptance test, the search over the block sums, the chosen block's cells read again from p and q.
+verification at large vocabularies at 2-2.7x the time a copy of its bytes takes (docs/figures.md). And around them a
+verification makes about a hundred small operations (the acceptance test, the search over the block sums, the chosen
+block's cells read again, the emitted rows), each a few microseconds of dispatch: at B = 64, K = 8, V = 32000 about
+0.3 ms against a floor of 0.36 ms. Compiled by Inductor's C++ backend, :func:`chain` is a handful of loops: the rows
+are gathered, subtracted, clamped and block-summed in one that reads each row once, at about the copy's speed, and the
+rest costs one call's guards (B = 64, K = 8, V = 32000: 0.37-0.44 ms, where compiling the long rows' passes alone gave
+0.55-0.68 and the eager reference 0.79-1.0; docs/figures.md, stop 57).
+
+The arithmetic is the reference's (:mod:`spectest.implementations.reference`), on the same uniforms drawn in the same
+order. A residual that rounds to nothing (p = q at a rejection) is drawn from p itself, as the reference does: the
+compiled call says when a row's residual is empty, and that call is then the reference's own, on the same uniforms.
 
 Why it is not the default: it needs a C++ compiler, and each process pays a compile at its first long call (7-8 s on
-a 2-core CPU with a cold cache, about 2 s from Inductor's cache on disk), which would cost the main job more than it
-saves there. Its block sums are added in another order than the eager ones (a few ulp apart), so where a uniform
-falls within rounding of a block's edge its token can differ from ``reference``'s: both are exact draws, but the two
-models are not token for token the same.
+a 2-core CPU with a cold cache, about 2 s from Inductor's cache on disk; once more for float64 or a short last
+block), which would cost the main job more than it saves there. Its block sums are added in another order than the
+eager ones (a few ulp apart), so where a uniform falls within rounding of a block's edge its token can differ from
+``reference``'s: both are exact draws, but the two models are not token for token the same.
 
-Rows it fuses: float32 and float64 on a CPU, from :data:`FUSED_FROM` cells, in any layout whose first two dimensions
-merge (one row index a row, as the reference's gathers need). Half-precision rows, CUDA tensors and other layouts are
-built as the reference builds them.
+What it compiles (:func:`fused`): float32 or float64 CPU rows of :data:`FUSED_FROM` cells or more, in any layout whose
+first two dimensions merge (one row index a row), at B and K of 2 or more (a compiled function specialises for a size
+of 1, a compile of its own, where the eager reference is as fast). Everything else is the reference's own.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ from typing import Any
 
 import torch
 
-from spectest.implementations.reference import Chain, merged, verify_with
-from spectest.sampling import block_sums
+from spectest.implementations import reference
+from spectest.implementations.reference import ExtraToken, merged, verify_at
+from spectest.protocol import PAD
+from spectest.sampling import BLOCK, block_sums, last_positive
 
 FUSED_FROM = 1 << 14  # cells a row: below it a row's passes stay in cache and the eager reference is as fast
+FUSED_DTYPES = (torch.float32, torch.float64)
 
 
 def verify(
@@ -40,23 +50,53 @@ def verify(
     generator: torch.Generator,
     num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The reference's chain (:func:`spectest.implementations.reference.verify`), its long rows built and summed by
-    one compiled loop (:class:`FusedChain`)."""
-    return verify_with(FusedChain, draft_token_ids, draft_probs, target_probs, generator, num_draft_tokens)
+    """The reference's chain (:func:`spectest.implementations.reference.verify`), compiled whole (:func:`chain`) where
+    :func:`fused` says so."""
+    if failed is not None or not fused(draft_token_ids, draft_probs, target_probs):
+        return reference.verify(
+            draft_token_ids, draft_probs, target_probs, generator=generator, num_draft_tokens=num_draft_tokens
+        )
+    batch, k = draft_token_ids.shape
+    # The reference's uniforms, drawn in its order: the acceptances', then the extra tokens'.
+    u = torch.rand((batch, k), generator=generator, dtype=target_probs.dtype)
+    v = torch.rand((batch,), generator=generator, dtype=torch.float64)
+    lengths = torch.full((batch,), k) if num_draft_tokens is None else num_draft_tokens.to(torch.int64)
+    emitted = compiled_chain(draft_token_ids, merged(draft_probs), merged(target_probs), u, v, lengths)
+    if emitted is None:  # a residual rounded to nothing, or no compiler: the reference's own passes, same uniforms
+        return verify_at(draft_token_ids, draft_probs, target_probs, u, ExtraToken(v), lengths=num_draft_tokens)
+    return emitted
 
 
-def residual_block_sums(p_rows, q_rows, p_index, q_index) -> torch.Tensor:
-    """[n, blocks] float64: block sums of max(0, p - q) for rows ``p_rows[p_index[i]]`` and ``q_rows[q_index[i]]``
-    (the merged [rows, V] views of p and q), as :func:`~spectest.sampling.block_sums` sums them."""
-    return block_sums((p_rows.index_select(0, p_index) - q_rows.index_select(0, q_index)).clamp_min(0))
+def fused(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> bool:
+    """Whether :func:`chain` serves these inputs: long float32 or float64 CPU rows (p's and q's dtype alike), first
+    two dimensions that merge, B and K of 2 or more."""
+    batch, k = draft_token_ids.shape
+    return (
+        batch >= 2
+        and k >= 2
+        and target_probs.device.type == "cpu"
+        and target_probs.dtype in FUSED_DTYPES
+        and draft_probs.dtype == target_probs.dtype
+        and draft_probs.shape[-1] == target_probs.shape[-1] >= FUSED_FROM
+        and merged(draft_probs) is not None
+        and merged(target_probs) is not None
+    )
 
 
-def residual_and_bonus_block_sums(p_rows, q_rows, p_index, q_index, bonus_index) -> torch.Tensor:
-    """:func:`residual_block_sums`, then the block sums of the bonus rows ``p_rows[bonus_index[i]]`` (p itself): one
-    compiled call for every row of a verification (each call of a compiled function pays its guards and wrappers,
-    about 0.1 ms)."""
-    bonus = block_sums(p_rows.index_select(0, bonus_index))
-    return torch.cat([residual_block_sums(p_rows, q_rows, p_index, q_index), bonus])
+failed: str | None = None  # why compiling failed in this process (then every call is the reference's)
+
+
+def compiled_chain(ids, q_rows, p_rows, u, v, lengths) -> torch.Tensor | None:
+    """:func:`chain` compiled; None where a row's residual is empty (rounding: it is drawn from p, the reference's
+    way) or the compiler fails (said once, and the reference serves every later call)."""
+    global failed
+    try:
+        emitted, empty = compiled(chain)(ids, q_rows, p_rows, u, v, lengths)
+    except Exception as exc:  # a compiler that fails here
+        failed = f"{type(exc).__name__}: {exc}"[:500]
+        warnings.warn(f"reference-compiled: torch.compile failed, the reference serves: {failed}", RuntimeWarning, 3)
+        return None
+    return None if bool(empty) else emitted
 
 
 @functools.cache
@@ -65,43 +105,47 @@ def compiled(fn: Any) -> Any:
     return torch.compile(fn, dynamic=True)
 
 
-class FusedChain(Chain):
-    """:class:`~spectest.implementations.reference.Chain` whose long CPU rows' block sums come from one compiled call
-    over every row (the rejected rows' residuals, then the bonus rows' p)."""
-
-    failed: str | None = None  # why compiling failed in this process (then every chain builds its rows eagerly)
-
-    def extra_tokens(self, v: torch.Tensor) -> torch.Tensor:
-        p_rows, q_rows = merged(self.p), merged(self.q)
-        if (
-            self.rows.device.type != "cpu"
-            or not self.unscaled
-            or self.vocab < FUSED_FROM
-            or p_rows is None
-            or q_rows is None
-            or FusedChain.failed is not None
-        ):
-            return super().extra_tokens(v)
-        order, rejected = self.order()
-        bonus = order.numel() - rejected
-        # Rows of a kind come 0, 2 or more to a call: a compiled function specialises for a size of 0 or 1 (a compile
-        # of 2-3 s each), and one or two rows are as fast eagerly.
-        if rejected < 2 or bonus == 1:
-            return super().extra_tokens(v)
-        head, tail = order[:rejected], order[rejected:]
-        p_index = head * self.p.shape[1] + self.n_accepted[head]
-        q_index = head * self.q.shape[1] + self.at_draft[head]
-        try:
-            if bonus:
-                bonus_index = tail * self.p.shape[1] + self.n_accepted[tail]
-                sums = compiled(residual_and_bonus_block_sums)(p_rows, q_rows, p_index, q_index, bonus_index)
-            else:
-                sums = compiled(residual_block_sums)(p_rows, q_rows, p_index, q_index)
-        except Exception as exc:  # a compiler that fails here: said once, and the reference's own passes serve
-            FusedChain.failed = f"{type(exc).__name__}: {exc}"[:500]
-            message = f"reference-compiled: torch.compile failed, its rows are built eagerly: {FusedChain.failed}"
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-            return super().extra_tokens(v)
-        if order is not self.rows:
-            sums = torch.empty_like(sums).index_copy_(0, order, sums)
-        return self.drawn_from_sums(sums, v)
+def chain(
+    ids: torch.Tensor,
+    q_rows: torch.Tensor,
+    p_rows: torch.Tensor,
+    u: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(emitted [B, K + 1], whether any row's residual is empty): :func:`~spectest.implementations.reference.verify_at`
+    on p and q as their merged [rows, V] views (``p_rows[b * (K + 1) + i]`` is p[b, i]), acceptance uniforms ``u``
+    [B, K], extra-token uniforms ``v`` [B] and drafts per row ``lengths`` [B]. Written for Inductor: no branch on
+    values (an overshooting search is clamped always, which changes nothing where none overshoots), and every row
+    built the same way, a bonus row as p where its residual would be (its q row index 0, read and not used: one row
+    that stays in cache)."""
+    batch, k = ids.shape
+    vocab = p_rows.shape[1]
+    rows = torch.arange(batch, device=ids.device)
+    slots = torch.arange(k, device=ids.device)
+    ids = ids.clamp_min(0)  # -1 padding past a short row is never read as a token
+    p_draft = p_rows[(rows * (k + 1)).unsqueeze(1) + slots, ids]
+    q_draft = q_rows[(rows * k).unsqueeze(1) + slots, ids]
+    # u < p/q without a division, as the reference compares.
+    accepted = (u * q_draft < p_draft) & (slots < lengths.unsqueeze(1))
+    n_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    rejected = (n_accepted < lengths).unsqueeze(1)
+    p_index = rows * (k + 1) + n_accepted
+    q_index = torch.where(rejected[:, 0], rows * k + n_accepted.clamp(max=k - 1), 0)
+    p_next, q_next = p_rows[p_index], q_rows[q_index]
+    sums = block_sums(torch.where(rejected, (p_next - q_next).clamp_min(0), p_next))
+    # The reference's inverse_cdf_at_blocks, the chosen block's cells read again from p and q.
+    cumulative = sums.cumsum(-1)
+    target = v.unsqueeze(1) * cumulative[:, -1:]
+    block = torch.minimum(torch.searchsorted(cumulative, target, right=True), last_positive(sums))
+    cells = block * BLOCK + torch.arange(BLOCK, device=ids.device)
+    inside = cells < vocab  # a short last block: its cells past V read the last cell, weighted zero
+    cells = cells.clamp(max=vocab - 1)
+    p_cells, q_cells = p_rows[p_index.unsqueeze(1), cells], q_rows[q_index.unsqueeze(1), cells]
+    values = torch.where(rejected, (p_cells - q_cells).clamp_min(0), p_cells).to(torch.float64) * inside
+    local = (target - (cumulative.gather(1, block) - sums.gather(1, block))).clamp_min(0)
+    within = torch.minimum(torch.searchsorted(values.cumsum(-1), local, right=True), last_positive(values))
+    extra = block * BLOCK + within
+    drafts = torch.where(slots < n_accepted.unsqueeze(1), ids, PAD).to(torch.int64)
+    emitted = torch.cat([drafts, torch.full((batch, 1), PAD, dtype=torch.int64, device=ids.device)], dim=1)
+    return emitted.scatter(1, n_accepted.unsqueeze(1), extra), (sums == 0).all(dim=-1).any()

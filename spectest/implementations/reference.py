@@ -5,7 +5,7 @@ two V-long rows that the one extra token needs (the residual at the first reject
 bonus row), each once. No Python loop over positions; on a CPU, long rows that lie in long runs are built where
 they lie, a run of evenly spaced rows at a time (:meth:`Chain.run_by_run`; a half side's rows one at a time,
 :meth:`Chain.row_by_row`), the others gathered a chunk at a time. ``reference-compiled``
-(:mod:`spectest.implementations.compiled`) is this chain with its long rows' passes fused by ``torch.compile``.
+(:mod:`spectest.implementations.compiled`) is this chain compiled whole by ``torch.compile``, on the same uniforms.
 
 The registered ``reference`` model, ``REFERENCE`` in :mod:`spectest.implementations.sampler` (declared there so that
 resolving it imports no torch), carries every optional capability: the chain ``verify``, ``verify_logits`` with
@@ -40,19 +40,6 @@ def verify(
     Half-precision inputs are normalised and worked on in float32 (see :func:`working_precision`).
     ``num_draft_tokens`` [B]: row r carries only its first n_r drafts, its bonus row is
     target_probs[r, n_r] (ragged batches, as vLLM passes them)."""
-    return verify_with(Chain, draft_token_ids, draft_probs, target_probs, generator, num_draft_tokens)
-
-
-def verify_with(
-    chain_type: type[Chain],
-    draft_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    generator: torch.Generator,
-    num_draft_tokens: torch.Tensor | None,
-) -> torch.Tensor:
-    """:func:`verify` with the extra token's rows built by ``chain_type`` (:class:`Chain` or a subclass that builds them
-    another way, as :mod:`spectest.implementations.compiled` does)."""
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
     u = torch.rand((batch, k), generator=generator, device=device, dtype=working_dtype(target_probs))
@@ -68,7 +55,6 @@ def verify_with(
         ExtraToken(v),
         lengths=num_draft_tokens,
         scales=scales,
-        chain_type=chain_type,
     )
 
 
@@ -181,14 +167,12 @@ def verify_at(
     sample,
     lengths=None,
     scales=None,
-    chain_type: type[Chain] | None = None,
 ) -> torch.Tensor:
     """The chain with acceptance uniforms ``u`` [B, K] given, and ``sample(weights)`` drawing the
     extra token; ``lengths`` [B]: drafts per row (default K); ``scales``: (q, p) row sums [B, K, 1]
     and [B, K + 1, 1] of unnormalised half inputs: every value read is widened to float32 and divided
     by its row's sum (what :func:`working_precision` gives, without widening the untouched rows), but for a
-    bonus row's, only widened: it is drawn from p alone, in which its scale cancels. ``chain_type``: the class that
-    builds the extra token's rows (:class:`Chain` by default).
+    bonus row's, only widened: it is drawn from p alone, in which its scale cancels.
 
     ``sample`` may be a :class:`ExtraToken` (the rows' own uniforms): the extra tokens' rows are then built a few
     at a time, each few reduced to its block sums while in cache, and every row drawn from its sums at once (the
@@ -207,9 +191,7 @@ def verify_at(
         accepted &= torch.arange(k, device=device) < lengths.unsqueeze(1)
     n_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
     drafted = torch.full_like(n_accepted, k) if lengths is None else lengths
-    chain = (chain_type or Chain)(
-        draft_probs, target_probs, n_accepted, n_accepted.clamp(max=k - 1), n_accepted < drafted, scales
-    )
+    chain = Chain(draft_probs, target_probs, n_accepted, n_accepted.clamp(max=k - 1), n_accepted < drafted, scales)
     if isinstance(sample, ExtraToken):
         extra = chain.extra_tokens(sample.v)
     else:

@@ -77,7 +77,7 @@ REFERENCE = ReferenceSampler()
 
 
 class CompiledReference:
-    """``reference-compiled``: the reference's chain with its long CPU rows fused by ``torch.compile``
+    """``reference-compiled``: the reference's chain compiled whole by ``torch.compile`` for long CPU rows
     (:mod:`spectest.implementations.compiled` says why it is not the default)."""
 
     spectest_capabilities = frozenset({"standard-rejection", "ragged-drafts"})
