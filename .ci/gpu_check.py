@@ -38,7 +38,7 @@ KERNELS = {"reference-triton": "spectest.gpu.triton", "reference-cupy": "spectes
 CATCHING_PROPERTY = "test_every_row_and_position_is_exact"  # fails each broken kernel (tests/test_triton.py)
 SANITIZER_SHAPES = [("3", "4", "1025", "float32", "contiguous"), ("2", "3", "32000", "bfloat16", "padded")]
 SANITIZER_SHAPES += [("2", "16", "4099", "float64", "contiguous")]
-BENCH_MODELS = ("reference", "reference-triton", "reference-cupy", "flashinfer")
+BENCH_MODELS = ("reference", "reference-compiled", "reference-triton", "reference-cupy", "flashinfer")
 BENCH_SHAPES = ["--batch", "1,64,512", "--k", "4,8", "--vocab", "32000,128256", "--dtype", "float32,bfloat16"]
 
 

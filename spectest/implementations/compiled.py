@@ -20,7 +20,7 @@ block), which would cost the main job more than it saves there. Its block sums a
 eager ones (a few ulp apart), so where a uniform falls within rounding of a block's edge its token can differ from
 ``reference``'s: both are exact draws, but the two models are not token for token the same.
 
-What it compiles (:func:`fused`): float32 or float64 CPU rows of :data:`FUSED_FROM` cells or more, in any layout whose
+What it compiles (:func:`fused`): float32 or float64 rows (CPU, and CUDA, which a GPU check is yet to run) of :data:`FUSED_FROM` cells or more, in any layout whose
 first two dimensions merge (one row index a row), at B and K of 2 or more (a compiled function specialises for a size
 of 1, a compile of its own, where the eager reference is as fast). Everything else is the reference's own.
 """
@@ -57,10 +57,14 @@ def verify(
             draft_token_ids, draft_probs, target_probs, generator=generator, num_draft_tokens=num_draft_tokens
         )
     batch, k = draft_token_ids.shape
+    device = draft_token_ids.device
     # The reference's uniforms, drawn in its order: the acceptances', then the extra tokens'.
-    u = torch.rand((batch, k), generator=generator, dtype=target_probs.dtype)
-    v = torch.rand((batch,), generator=generator, dtype=torch.float64)
-    lengths = torch.full((batch,), k) if num_draft_tokens is None else num_draft_tokens.to(torch.int64)
+    u = torch.rand((batch, k), generator=generator, device=device, dtype=target_probs.dtype)
+    v = torch.rand((batch,), generator=generator, device=device, dtype=torch.float64)
+    if num_draft_tokens is None:
+        lengths = torch.full((batch,), k, device=device)
+    else:
+        lengths = num_draft_tokens.to(device=device, dtype=torch.int64)
     emitted = compiled_chain(draft_token_ids, merged(draft_probs), merged(target_probs), u, v, lengths)
     if emitted is None:  # a residual rounded to nothing, or no compiler: the reference's own passes, same uniforms
         return verify_at(draft_token_ids, draft_probs, target_probs, u, ExtraToken(v), lengths=num_draft_tokens)
@@ -68,13 +72,15 @@ def verify(
 
 
 def fused(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> bool:
-    """Whether :func:`chain` serves these inputs: long float32 or float64 CPU rows (p's and q's dtype alike), first
-    two dimensions that merge, B and K of 2 or more."""
+    """Whether :func:`chain` serves these inputs: long float32 or float64 rows (p's and q's dtype alike), first two
+    dimensions that merge, B and K of 2 or more. On CUDA, Inductor makes Triton kernels of the same graph (its block
+    sums a program per row and block, as the one-program-per-row kernels are not): not yet run on a GPU here; the GPU
+    check (.ci/gpu-check) runs the suite on it and benchmarks it."""
     batch, k = draft_token_ids.shape
     return (
         batch >= 2
         and k >= 2
-        and target_probs.device.type == "cpu"
+        and target_probs.device.type in ("cpu", "cuda")
         and target_probs.dtype in FUSED_DTYPES
         and draft_probs.dtype == target_probs.dtype
         and draft_probs.shape[-1] == target_probs.shape[-1] >= FUSED_FROM
