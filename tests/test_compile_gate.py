@@ -28,6 +28,7 @@ from spectest.gpu.compile_gate import (
     DTYPES,
     FAILED,
     OK,
+    SPLIT_KERNELS,
     SUITE_BLOCKS,
     VARIANTS,
     covering_items,
@@ -71,6 +72,13 @@ def test_every_shipped_kernel_compiles_for_sm80_and_sm90():
     assert {i.constexprs["BLOCK"] for i in triton} == set(SUITE_BLOCKS)
     assert any(i.constexprs.get("d_row") == 1 for i in triton), "K = 1 specialises d_row = 1 as a launch does"
     assert {"vocab", "q_ptr", "p_ptr"} <= {name for i in triton for name in i.divisible}
+    split = {(i.kernel, i.variant, i.dtype, i.arch) for i in triton if i.kernel in SPLIT_KERNELS}
+    assert split == {
+        (s, v, d, a)
+        for s in SPLIT_KERNELS
+        for v, d in [*((v, "float32") for v in VARIANTS), ("correct", "float64")]
+        for a in ARCHS
+    }
     # What came out is a real kernel for each architecture: PTX and a cubin of plausible sizes, no spills.
     for result in results:
         assert 10_000 < result.sizes["ptx"] < 2_000_000 and 10_000 < result.sizes["cubin"] < 1_000_000, result

@@ -120,3 +120,56 @@ def test_triton_kernel_emits_what_the_algorithm_emits(dtype):
             got = model.verify(case.drafts, case.q, case.p, generator=make_generator(case.seed, DEVICE)).cpu().numpy()
             want = emulate_chain(case.drafts, case.q, case.p, case.u, case.v, bug)
             assert np.array_equal(got, want), f"variant {bug}, {layout} {kind}:\n{got}\nexpected\n{want}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_split_triton_kernels_emit_what_the_algorithm_emits(dtype):
+    """The split kernels (a program per row and slice for the sums, a program per row for the search) on every
+    variant's cases, at slices of 2 and 6 tiles of 16 cells and at 2 slices of whole 1024-cell tiles (fewer tiles than
+    slices asked: one slice a tile): the same tokens as the algorithm, as the one-program kernel emits."""
+    from spectest.gpu import triton as triton_reference
+
+    for bug, cases in cases_for(dtype).items():
+        for number, (batch, k, vocab, layout, kind) in enumerate(cases):
+            case = kernel_case(
+                batch, k, vocab, dtype, seed=100 + 10 * bug + number, layout=layout, kind=kind, device=DEVICE
+            )
+            want = emulate_chain(case.drafts, case.q, case.p, case.u, case.v, bug)
+            for block, slices in ((16, 3), (16, 7), (1024, 2)):
+                model = triton_reference.TritonReference(bug, block=block, slices=slices)
+                generator = make_generator(case.seed, DEVICE)
+                got = model.verify(case.drafts, case.q, case.p, generator=generator).cpu().numpy()
+                assert np.array_equal(got, want), f"variant {bug}, {layout} {kind}, {slices} slices:\n{got}\n{want}"
+
+
+def test_split_launches_cut_rows_into_whole_tiles_and_the_interpreter_takes_one_program():
+    from spectest.gpu.triton import slice_count, split_launch
+
+    assert split_launch(3, 1500, 16) == (3, 512)  # 94 tiles: 32 a slice, the last one shorter
+    assert split_launch(7, 37, 16) == (3, 16)  # 3 tiles: one a slice, no empty slice
+    assert split_launch(8, 32000, 1024) == (8, 4096)
+    assert slice_count(64, 32000, 1024, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_split_search_past_the_last_slice_keeps_to_a_cell_with_weight(dtype):
+    """Uniforms of 1 (past any draw's: a goal a float64 rounding can reach) put every row's goal at its total: the search
+    finds no slice whose running sum passes it and falls back to the last slice with weight, whose sweep ends at a
+    cell with weight; never -1 or a cell past V."""
+    from spectest.gpu import triton as triton_reference
+
+    case = kernel_case(6, 3, 1500, dtype, seed=7, layout="contiguous", kind="dirichlet", device=DEVICE)
+    model = triton_reference.TritonReference(block=16, slices=3)
+    out = torch.full((6, 4), PAD, dtype=torch.int64, device=DEVICE)
+    u = case.u
+    model.split(
+        case.drafts, case.q, case.p, u, torch.ones_like(case.v), out, 16, *triton_reference.split_launch(3, 1500, 16)
+    )
+    out = out.cpu()
+    p, q = case.p.cpu().double(), case.q.cpu().double()
+    for row in range(6):
+        n = int((out[row] != PAD).sum()) - 1
+        token = int(out[row, n])
+        assert 0 <= token < 1500, (row, out[row])
+        weight = p[row, n, token] - (q[row, n, token] if n < 3 else 0)
+        assert weight > 0, (row, n, token, weight)

@@ -50,6 +50,8 @@ from typing import Any
 
 ARCHS = (80, 90)
 TRITON_KERNEL = "spectest.gpu.triton:chain_kernel"
+SPLIT_KERNELS = ("spectest.gpu.triton:sums_kernel", "spectest.gpu.triton:search_kernel")
+SPLIT_SLICES = 8  # the split kernels' launch the gate compiles: B = 64, V = 32000 on 132 SMs
 VARIANTS = {"correct": 0, "residual_from_position_0": 1, "id_past_v": 2, "uniform_reused": 3}
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 SUITE_BLOCKS = (16, 32, 64, 128, 256, 512, 1024)  # spectest.gpu.triton.block_size over every V
@@ -108,6 +110,35 @@ def triton_item(kernel: str, variant: str, dtype: str, k: int, vocab: int, arch:
     return GateItem("triton", kernel, arch, variant, dtype, signature, constexprs, divisible, options, shape=shape)
 
 
+def split_items(variant: str, dtype: str, k: int, vocab: int, arch: int, block: int, slices: int) -> list[GateItem]:
+    """The split Triton kernels (``chain_sums``, ``chain_search``) as a launch on contiguous tensors specialises them."""
+    from spectest.gpu import triton as triton_kernel
+
+    _, slice_cells = triton_kernel.split_launch(slices, vocab, block)
+    strides = {"q_row": k * vocab, "q_pos": vocab, "p_row": (k + 1) * vocab, "p_pos": vocab}
+    flags = triton_kernel.constexprs(k, block, VARIANTS[variant], dtype)
+    common = {name: flags[name] for name in ("K", "BLOCK", "RESIDUAL_FROM_0", "PAST_V", "WIDE")}
+    runtimes = (
+        {"vocab": vocab, "slice_cells": slice_cells, "d_row": k, "d_pos": 1, **strides},
+        {"vocab": vocab, "slice_cells": slice_cells, "parts": slices, **strides},
+    )
+    extra = ({}, {"SLICES": max(16, 1 << (slices - 1).bit_length()), "REUSE_U": flags["REUSE_U"]})
+    items = []
+    signatures = triton_kernel.split_signatures(dtype)
+    for kernel, signature, runtime, more in zip(SPLIT_KERNELS, signatures, runtimes, extra, strict=True):
+        constexprs: dict[str, Any] = {name: 1 for name, value in runtime.items() if value == 1}
+        constexprs |= common | more
+        signature = {**signature, **{name: "constexpr" for name in constexprs}}
+        pointers = [name for name, kind in signature.items() if kind.startswith("*")]
+        divisible = tuple(pointers + [name for name, value in runtime.items() if value != 1 and value % 16 == 0])
+        shape = f"K={k} V={vocab} BLOCK={block} slices={slices}"
+        options = dict(triton_kernel.COMPILE_OPTIONS)
+        items.append(
+            GateItem("triton", kernel, arch, variant, dtype, signature, constexprs, divisible, options, shape=shape)
+        )
+    return items
+
+
 def nvrtc_item(source: str, variant: str, dtype: str, arch: int) -> GateItem:
     """The CUDA C++ kernel's instantiation for ``dtype`` and ``variant``, compiled as CuPy compiles it (plus
     ptxas's report of registers and spills)."""
@@ -138,6 +169,11 @@ def covering_items(archs: Iterable[int] = ARCHS, *, full: bool = False) -> list[
         for arch in archs
         for block in SUITE_BLOCKS
         if block < 1024
+    ]
+    # The split kernels (float32 and float64 only): every variant in float32, the correct one in float64.
+    split = [(v, "float32") for v in VARIANTS] + [("correct", "float64")]
+    items += [
+        item for arch in archs for v, d in split for item in split_items(v, d, 4, 32000, arch, 1024, SPLIT_SLICES)
     ]
     if not full:
         items += [
