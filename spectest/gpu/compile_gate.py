@@ -116,18 +116,16 @@ def split_items(variant: str, dtype: str, k: int, vocab: int, arch: int, block: 
 
     _, slice_cells = triton_kernel.split_launch(slices, vocab, block)
     strides = {"q_row": k * vocab, "q_pos": vocab, "p_row": (k + 1) * vocab, "p_pos": vocab}
-    flags = triton_kernel.constexprs(k, block, VARIANTS[variant], dtype)
-    common = {name: flags[name] for name in ("K", "BLOCK", "RESIDUAL_FROM_0", "PAST_V", "WIDE")}
     runtimes = (
         {"vocab": vocab, "slice_cells": slice_cells, "d_row": k, "d_pos": 1, **strides},
         {"vocab": vocab, "slice_cells": slice_cells, "parts": slices, **strides},
     )
-    extra = ({}, {"SLICES": max(16, 1 << (slices - 1).bit_length()), "REUSE_U": flags["REUSE_U"]})
+    flags = triton_kernel.split_constexprs(k, block, VARIANTS[variant], dtype, slices)
     items = []
     signatures = triton_kernel.split_signatures(dtype)
-    for kernel, signature, runtime, more in zip(SPLIT_KERNELS, signatures, runtimes, extra, strict=True):
+    for kernel, signature, runtime, launched in zip(SPLIT_KERNELS, signatures, runtimes, flags, strict=True):
         constexprs: dict[str, Any] = {name: 1 for name, value in runtime.items() if value == 1}
-        constexprs |= common | more
+        constexprs |= launched
         signature = {**signature, **{name: "constexpr" for name in constexprs}}
         pointers = [name for name, kind in signature.items() if kind.startswith("*")]
         divisible = tuple(pointers + [name for name, value in runtime.items() if value != 1 and value % 16 == 0])

@@ -77,6 +77,7 @@ _SPLIT: Any = None  # (sums kernel, search kernel): split_kernels()
 # @triton.jit helpers: Triton resolves a kernel's callees among its module's globals, so they live here.
 row_sum: Any = None
 cell_weights: Any = None
+first_past: Any = None
 PAST_V_CELL: Any = None  # PAST_V_TARGET as a tl.constexpr: a kernel may read no other kind of global
 # triton.language, bound on first use: Triton 3.2 and 3.3 evaluate the kernels' annotations ("tl.constexpr", strings
 # under `from __future__ import annotations`) among the module's globals.
@@ -85,7 +86,7 @@ tl: Any = None
 
 def chain_kernel() -> Any:
     """The @triton.jit kernel, defined on first use, so that importing this module never imports triton."""
-    global _KERNEL, row_sum, cell_weights, PAST_V_CELL, tl
+    global _KERNEL, row_sum, cell_weights, first_past, PAST_V_CELL, tl
     if _KERNEL is not None:
         return _KERNEL
     import triton
@@ -120,6 +121,29 @@ def chain_kernel() -> Any:
             p = tl.where(offs == vocab, PAST_V_CELL, p)
             q = tl.where(offs == vocab, 0.0, q)
         return tl.maximum(p * p_scale - q * q_scale, 0.0), p
+
+    @triton.jit
+    def first_past(
+        p_row, q_row, start, end, running, goal, vocab, read_q, p_scale, q_scale,
+        BLOCK: tl.constexpr, PAST_V: tl.constexpr, WIDE: tl.constexpr,
+    ):  # fmt: skip
+        """Sweep 2 over cells [start, end) (``start`` an int32 tensor, ``running`` the float64 mass before it): the
+        first cell whose cumulative mass exceeds ``goal`` (never a zero cell), tile by tile up to the tile that holds
+        it; past the last tile (a float64 sum's last bit), the last positive cell; -1 where none has weight."""
+        found = tl.full((), -1, tl.int64)
+        last_positive = tl.full((), -1, tl.int64)
+        while (start < end) & (found < 0):
+            offs = start + tl.arange(0, BLOCK)
+            start += BLOCK
+            weights, _ = cell_weights(p_row, q_row, offs, vocab, read_q, p_scale, q_scale, PAST_V, WIDE)
+            wide_weights = weights.to(tl.float64)
+            cumulative = running + tl.cumsum(wide_weights, 0)
+            hit = (cumulative > goal) & (wide_weights > 0)
+            first = tl.min(tl.where(hit, offs, 2**30), 0).to(tl.int64)
+            found = tl.where((found < 0) & (first < 2**30), first, found)
+            last_positive = tl.maximum(last_positive, tl.max(tl.where(wide_weights > 0, offs, -1), 0).to(tl.int64))
+            running += tl.sum(wide_weights, 0)
+        return tl.where(found >= 0, found, last_positive)
 
     @triton.jit
     def chain(
@@ -212,24 +236,12 @@ def chain_kernel() -> Any:
         else:
             v = tl.load(v_ptr + row)
         goal = v * total
-        # Sweep 2: the first cell whose cumulative mass exceeds the goal (never a zero cell), tile by tile up to the
-        # tile that holds it; past the last tile (a float64 sum's last bit), the row's last positive cell.
-        running = tl.zeros((), tl.float64)
-        found = tl.full((), -1, tl.int64)
-        last_positive = tl.full((), -1, tl.int64)
+        # Sweep 2, over the whole row.
         start = tl.full((), 0, tl.int32)
-        while (start < cells) & (found < 0):
-            offs = start + tl.arange(0, BLOCK)
-            start += BLOCK
-            weights, _ = cell_weights(p_next, q_next, offs, vocab, read_q, p_scale, q_scale, PAST_V, WIDE)
-            wide_weights = weights.to(tl.float64)
-            cumulative = running + tl.cumsum(wide_weights, 0)
-            hit = (cumulative > goal) & (wide_weights > 0)
-            first = tl.min(tl.where(hit, offs, 2**30), 0).to(tl.int64)
-            found = tl.where((found < 0) & (first < 2**30), first, found)
-            last_positive = tl.maximum(last_positive, tl.max(tl.where(wide_weights > 0, offs, -1), 0).to(tl.int64))
-            running += tl.sum(wide_weights, 0)
-        extra = tl.where(found >= 0, found, last_positive)
+        running = tl.zeros((), tl.float64)
+        extra = first_past(
+            p_next, q_next, start, cells, running, goal, vocab, read_q, p_scale, q_scale, BLOCK, PAST_V, WIDE
+        )
         tl.store(out + row * (K + 1) + accepted, extra)
 
     _KERNEL = chain
@@ -379,20 +391,9 @@ def split_kernels() -> tuple[Any, Any]:
         cells = vocab + 1 if PAST_V else vocab
         start = tl.maximum(chosen, 0) * slice_cells
         end = tl.where(chosen >= 0, tl.minimum(start + slice_cells, cells), start)
-        found = tl.full((), -1, tl.int64)
-        last_positive = tl.full((), -1, tl.int64)
-        while (start < end) & (found < 0):
-            offs = start + tl.arange(0, BLOCK)
-            start += BLOCK
-            weights, _ = cell_weights(p_next, q_next, offs, vocab, read_q, p_scale, q_scale, PAST_V, WIDE)
-            wide_weights = weights.to(tl.float64)
-            cumulative_cells = running + tl.cumsum(wide_weights, 0)
-            hit = (cumulative_cells > goal) & (wide_weights > 0)
-            first_hit = tl.min(tl.where(hit, offs, 2**30), 0).to(tl.int64)
-            found = tl.where((found < 0) & (first_hit < 2**30), first_hit, found)
-            last_positive = tl.maximum(last_positive, tl.max(tl.where(wide_weights > 0, offs, -1), 0).to(tl.int64))
-            running += tl.sum(wide_weights, 0)
-        extra = tl.where(found >= 0, found, last_positive)
+        extra = first_past(
+            p_next, q_next, start, end, running, goal, vocab, read_q, p_scale, q_scale, BLOCK, PAST_V, WIDE
+        )
         tl.store(out + row * (K + 1) + accepted, extra)
 
     _SPLIT = (chain_sums, chain_search)
@@ -410,6 +411,14 @@ def constexprs(k: int, block: int, bug: int, dtype: str) -> dict[str, int | bool
         "HALF": dtype in ("bfloat16", "float16"),
         "WIDE": dtype == "float64",
     }
+
+
+def split_constexprs(k: int, block: int, bug: int, dtype: str, slices: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The split kernels' compile-time arguments, ``chain_sums``'s then ``chain_search``'s, for one launch (the
+    compile gate compiles the same ones)."""
+    flags = constexprs(k, block, bug, dtype)
+    common = {name: flags[name] for name in ("K", "BLOCK", "RESIDUAL_FROM_0", "PAST_V", "WIDE")}
+    return common, {**common, "SLICES": max(16, 1 << (slices - 1).bit_length()), "REUSE_U": flags["REUSE_U"]}
 
 
 def signature(dtype: str) -> dict[str, str]:
@@ -519,17 +528,16 @@ class TritonReference:
         sums, search = split_kernels()
         counts = torch.empty((batch,), dtype=torch.int32, device=drafts.device)
         partial = torch.empty((batch, slices, 2), dtype=torch.float64, device=drafts.device)
-        flags = constexprs(k, block, self.bug, str(p.dtype).removeprefix("torch."))
-        common = {name: flags[name] for name in ("K", "BLOCK", "RESIDUAL_FROM_0", "PAST_V", "WIDE")}
+        sums_flags, search_flags = split_constexprs(k, block, self.bug, str(p.dtype).removeprefix("torch."), slices)
         sums[(batch, slices)](
             drafts, q, p, u, out, counts, partial, p.shape[-1], slice_cells,
             drafts.stride(0), drafts.stride(1), q.stride(0), q.stride(1), p.stride(0), p.stride(1),
-            **common, **COMPILE_OPTIONS,
+            **sums_flags, **COMPILE_OPTIONS,
         )  # fmt: skip
         search[(batch,)](
             q, p, u, v, out, counts, partial, p.shape[-1], slice_cells, slices,
             q.stride(0), q.stride(1), p.stride(0), p.stride(1),
-            SLICES=max(16, 1 << (slices - 1).bit_length()), REUSE_U=flags["REUSE_U"], **common, **COMPILE_OPTIONS,
+            **search_flags, **COMPILE_OPTIONS,
         )  # fmt: skip
 
 
