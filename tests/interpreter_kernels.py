@@ -1,0 +1,154 @@
+"""Small Triton kernels that exercise what the batched interpreter must get exactly right (tests/test_interpreter.py):
+every way the programs of a launch can part (if/else, while, for over a range each program bounds itself, an early
+return, ``and``/``or``/``not``, a conditional expression), the running maximum and inverse-CDF search over vocabulary
+tiles that samplers use, reductions and scans along either axis of a 2-D block, a name bound to blocks of different
+shapes in the two branches, and an atomic (which has no batched form: the launch runs program by program).
+
+Kernels are defined on first use (:func:`kernels`), so importing this module never imports triton.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+_KERNELS: Any = None
+tl: Any = None
+helper: Any = None  # a @triton.jit helper: Triton finds a kernel's callees among its module's globals
+
+
+def kernels() -> SimpleNamespace:
+    global _KERNELS, tl, helper
+    if _KERNELS is not None:
+        return _KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def helper(x, y):
+        """A @triton.jit helper with a branch of its own and an early return (called from a divergent branch)."""
+        if x > y:
+            return x - y
+        return y - x
+
+    @triton.jit
+    def branches(x_ptr, n_ptr, out_ptr, out_int_ptr):
+        pid = tl.program_id(0)
+        x = tl.load(x_ptr + pid)
+        n = tl.load(n_ptr + pid)
+        z = 0
+        if x > 0.5:
+            y = x * 2.0
+            z = 1
+            tl.store(out_ptr + pid * 5 + 3, y)  # a store under a branch: only these programs write it
+        elif x > 0.25:
+            y = helper(x, 0.3)
+        else:
+            y = -x
+            z = z + 2
+        acc = 0.0
+        for i in range(n):  # a trip count of each program's own
+            acc += x * i
+        total = 0
+        while (total < n * 3) and (acc >= 0.0):
+            total += 2
+        flag = 1 if not (x > 0.7 or n == 2) else 0
+        tl.store(out_ptr + pid * 5, y)
+        tl.store(out_ptr + pid * 5 + 1, acc)
+        tl.store(out_ptr + pid * 5 + 2, x if z == 1 else -x)
+        tl.store(out_int_ptr + pid * 5, z)
+        tl.store(out_int_ptr + pid * 5 + 1, total)
+        tl.store(out_int_ptr + pid * 5 + 2, flag)
+        bumped = out_ptr + pid * 5 + 4
+        tl.store(bumped, tl.load(bumped) + 1.0)  # read-modify-write before a split: a rerun must not bump twice
+        if n > 3:
+            return
+        tl.store(out_int_ptr + pid * 5 + 1, total + 100)
+
+    @triton.jit
+    def tiles(p_ptr, q_ptr, e_ptr, u_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+        """Per row: the exponential race over max(0, p - q) by tiles (a running maximum, vLLM's recovered token),
+        then the inverse-CDF search for the first cell past u times the residual's sum (SGLang's final draw)."""
+        row = tl.program_id(0)
+        best = tl.full((), float("-inf"), tl.float32)
+        chosen = 0
+        total = 0.0
+        for start in range(0, vocab, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < vocab
+            p = tl.load(p_ptr + row * vocab + offs, mask=mask, other=0.0)
+            q = tl.load(q_ptr + row * vocab + offs, mask=mask, other=0.0)
+            e = tl.load(e_ptr + row * vocab + offs, mask=mask, other=1.0)
+            residual = tl.maximum(p - q, 0.0)
+            score = tl.where(mask, residual / e, float("-inf"))
+            local, where = tl.max(score, axis=0, return_indices=True)
+            if local > best:
+                best = local
+                chosen = start + where
+            total += tl.sum(residual)
+        goal = tl.load(u_ptr + row) * total
+        running = 0.0
+        found = 0
+        drawn = vocab - 1
+        for start in range(0, vocab, BLOCK):
+            if found == 0:
+                offs = start + tl.arange(0, BLOCK)
+                mask = offs < vocab
+                residual = tl.maximum(
+                    tl.load(p_ptr + row * vocab + offs, mask=mask, other=0.0)
+                    - tl.load(q_ptr + row * vocab + offs, mask=mask, other=0.0),
+                    0.0,
+                )
+                past = (running + tl.cumsum(residual, axis=0)) > goal
+                if tl.max(past, axis=0):
+                    drawn = start + tl.argmax(past.to(tl.int32), axis=0)
+                    found = 1
+                running += tl.sum(residual)
+        tl.store(out_ptr + row * 2, chosen)
+        tl.store(out_ptr + row * 2 + 1, drawn)
+
+    @triton.jit
+    def blocks(x_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr):
+        """Reductions and scans of a 2-D block along each axis, with keep_dims, a transpose and a reshape."""
+        pid = tl.program_id(0)
+        rows = tl.arange(0, M)[:, None]
+        cols = tl.arange(0, N)[None, :]
+        x = tl.load(x_ptr + pid * M * N + rows * N + cols)
+        base = out_ptr + pid * (2 * M + 2 * N + 4)
+        tl.store(base + tl.arange(0, N), tl.sum(x, axis=0))
+        tl.store(base + N + tl.arange(0, M), tl.max(x, axis=1))
+        tl.store(base + N + M + tl.arange(0, N), tl.sum(tl.cumsum(x, axis=0), axis=0))
+        tl.store(base + 2 * N + M + tl.arange(0, M), tl.sum(tl.trans(x), axis=0))
+        flat = tl.reshape(x, (M * N,))
+        tl.store(base + 2 * N + 2 * M, tl.sum(flat, axis=0))
+        tl.store(base + 2 * N + 2 * M + 1, tl.argmax(flat, axis=0).to(tl.float32))
+        tl.store(base + 2 * N + 2 * M + 2, tl.sum(tl.sum(x, axis=1, keep_dims=True)))
+        tl.store(base + 2 * N + 2 * M + 3, tl.min(x))
+
+    @triton.jit
+    def shapes(x_ptr, out_ptr):
+        """A name bound to blocks of different shapes in the two branches: dead after them, then read after one."""
+        pid = tl.program_id(0)
+        x = tl.load(x_ptr + pid)
+        if x > 0.5:
+            tile = tl.arange(0, 16).to(tl.float32)
+        else:
+            tile = tl.arange(0, 32).to(tl.float32)
+        tile = tl.arange(0, 8).to(tl.float32) * x  # assigned again: the conflict above is never read
+        if x > 0.25:
+            other = tl.arange(0, 4).to(tl.float32)
+        else:
+            other = tl.arange(0, 2).to(tl.float32)
+        tl.store(out_ptr + pid * 2, tl.sum(tile))
+        tl.store(out_ptr + pid * 2 + 1, tl.sum(other) * x)  # read: the programs are split and run again
+
+    @triton.jit
+    def counting(x_ptr, count_ptr, out_ptr):
+        pid = tl.program_id(0)
+        x = tl.load(x_ptr + pid)
+        if x > 0.5:
+            tl.atomic_add(count_ptr, 1)
+        tl.store(out_ptr + pid, x * 2.0)
+
+    _KERNELS = SimpleNamespace(branches=branches, tiles=tiles, blocks=blocks, shapes=shapes, counting=counting)
+    return _KERNELS
