@@ -147,7 +147,7 @@ def test_accepts_at_least_as_many_tokens_as_token_wise(spec) -> None:
         b, k, v = case.batch, case.k, case.vocab
         token_wise = tokens_per_pass(acceptance_probability(target_np[:, :k], draft_np)).mean  # [B]
         log_level = math.log(1 / spec.alpha)
-        calls_needed = math.ceil(2 * log_level / spec.session.tolerance**2)
+        calls_needed = math.ceil(2 * log_level / spec.tolerance**2)
         reps_needed = max(1, math.ceil(calls_needed / b))
         per_rep = b * (2 * k + 1) * v
         batch = RepeatedBatch(
@@ -172,7 +172,7 @@ def test_accepts_at_least_as_many_tokens_as_token_wise(spec) -> None:
             rules.AT_LEAST_TOKEN_WISE,
             f"{measured:.4f} tokens per call over {calls} calls, token-wise verification gives {expected:.4f} on the "
             f"same inputs: a deficit of {deficit:.4f} tokens (Hoeffding p <= {p_value:.3g} < {spec.alpha:.2g}; these calls "
-            f"detect a deficit of {spec.session.tolerance * k:.3g} tokens with probability >= {1 - spec.alpha:.6g}); {case}",
+            f"detect a deficit of {spec.tolerance * k:.3g} tokens with probability >= {1 - spec.alpha:.6g}); {case}",
         )
 
     spec.given(CALLS.chain_cases(), body, explicit=[FAR_DRAFTS])

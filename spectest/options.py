@@ -245,6 +245,12 @@ OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
+FLAGS = ("spec_no_shrink", "spec_e2e_speed", "spec_interpret")  # options that take no value
+INTERPRET_HELP = (
+    "run Triton kernels on the CPU in Triton's interpreter (sets TRITON_INTERPRET=1 before --spec-model's module "
+    "imports triton), a launch's programs batched (spectest.gpu.interpreter; SPECTEST_INTERPRETER=plain runs them "
+    "one by one); spectest's registered Triton models do this by themselves where there is no GPU"
+)
 SUBJECTS = ("--spec-model", "--spec-engine")  # what a run checks: commands take them as positional arguments
 
 
@@ -260,6 +266,12 @@ def add_pytest_options(parser: Any) -> None:
         help="also run the end-to-end speed property on --spec-engine engines (timing: a quiet machine, minutes)",
     )
     group.addoption(
+        "--spec-interpret",
+        dest="spec_interpret",
+        action="store_true",
+        help=INTERPRET_HELP,
+    )
+    group.addoption(
         "--spec-no-shrink",
         dest="spec_no_shrink",
         action="store_true",
@@ -273,6 +285,7 @@ def add_argparse_options(parser: Any) -> None:
             parser.add_argument(flag, dest=ini, help=help_text, **extra)
     parser.add_argument("--spec-no-shrink", dest="spec_no_shrink", action="store_true")
     parser.add_argument("--spec-e2e-speed", dest="spec_e2e_speed", action="store_true")
+    parser.add_argument("--spec-interpret", dest="spec_interpret", action="store_true", help=INTERPRET_HELP)
 
 
 def to_pytest_args(namespace: Any) -> list[str]:
@@ -282,7 +295,7 @@ def to_pytest_args(namespace: Any) -> list[str]:
         value = getattr(namespace, ini, None)
         if value is not None and flag not in SUBJECTS:
             args += [flag, str(value)]
-    for flag in ("spec_no_shrink", "spec_e2e_speed"):
+    for flag in FLAGS:
         if getattr(namespace, flag, False):
             args.append("--" + flag.replace("_", "-"))
     return args

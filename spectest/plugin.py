@@ -10,6 +10,7 @@ imports nothing heavy: torch and the user's implementation are imported only whe
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import os
 from pathlib import Path
@@ -43,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _option(config: pytest.Config, name: str) -> Any:
     value = config.getoption(name)
-    if value in (None, [], False) and name not in ("spec_no_shrink", "spec_e2e_speed"):
+    if value in (None, [], False) and name not in options.FLAGS:
         value = config.getini(name) or None
     return value
 
@@ -69,8 +70,12 @@ def pytest_configure(config: pytest.Config) -> None:
         if session.has_subject:
             idle_threads_sleep(config)  # before anything imports torch: the models' modules may
             libraries_keep_their_asserts(config)  # before anything imports Hypothesis
+        if session.interpret:
+            interpret_triton()  # before --spec-model's module is imported: it may import triton
         if session.model_specs:
             session.models = _resolve_all(session.model_specs)
+            if session.interpret:
+                session.models = [dataclasses.replace(model, interpreted=True) for model in session.models]
         if session.engine_specs:
             session.engines = _resolve_engines(session)
         elif session.target_dir or session.draft_dir:
@@ -151,6 +156,16 @@ def end_without_collecting() -> None:
     atexit.register(gc.freeze)
 
 
+def interpret_triton() -> None:
+    """``--spec-interpret``: Triton's interpreter for every kernel this run imports, programs batched."""
+    from spectest.gpu.interpreter import InterpreterUnavailable, arrange_triton
+
+    try:
+        arrange_triton("--spec-interpret")
+    except InterpreterUnavailable as exc:
+        raise OptionError(str(exc)) from None
+
+
 def _resolve_all(specs: list[str]) -> list[Model]:
     from spectest.resolve import ModelSpecError, resolve_model
 
@@ -208,7 +223,15 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         )
         dtypes = f" (dtypes {', '.join(model.dtypes)})" if model.dtypes != DEFAULT_DTYPES else ""
         ties = f" (greedy ties: {model.tie_break})" if model.tie_break != "lowest-id" else ""
-        described.append(f"{model.name}{caps}{dtypes}{ties}{lossy}{skip}")
+        runs = f" ({model.description})" if model.description and not model.unavailable else ""
+        if model.interpreted and not model.description and not model.unavailable:
+            runs = " (Triton kernels in Triton's interpreter)"
+        if session.tolerance_for(model) != session.tolerance and not model.unavailable:
+            runs += (
+                f" (planned for TV {session.tolerance_for(model):g}: interpreted rows cost milliseconds; "
+                f"--spec-tolerance {session.tolerance:g} for the budget's)"
+            )
+        described.append(f"{model.name}{caps}{dtypes}{ties}{lossy}{runs}{skip}")
     engines = [
         f"{e.name}{' [' + ', '.join(sorted(e.capabilities)) + ']' if e.capabilities else ''}"
         f"{''.join(f' ({name} left out: {why})' for name, why in e.left_out)}"

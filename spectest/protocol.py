@@ -141,6 +141,10 @@ class Model:
     # The speed property's efficiency gate the model asks for (spectest_speed_gate): its passes may
     # cost at most this multiple of an efficient pass; None: measured and reported only.
     speed_gate: float | None = None
+    # Runs Triton kernels in Triton's interpreter here (spectest_interpreted, or --spec-interpret): its calls cost
+    # what the interpreter costs (timed calls are not its speed), and their time limit scales with their size.
+    interpreted: bool = False
+    description: str | None = None  # spectest_description: what runs, for the header (e.g. whose kernels, where)
 
     def __str__(self) -> str:
         return self.name
@@ -211,7 +215,10 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
             raise ValueError(
                 f"{name}: spectest_speed_gate must be a finite number >= 1, got {declared('spectest_speed_gate')!r}"
             )
+    description = getattr(obj, "spectest_description", None)
     return Model(
+        interpreted=bool(declared("spectest_interpreted")),
+        description=str(description) if description else None,
         speed_gate=gate,
         draft_padding=padding,
         dtypes=dtypes,

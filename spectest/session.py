@@ -23,6 +23,8 @@ from spectest.options import BUDGETS, DEFAULT_ALPHA, DEFAULT_RUN_SECONDS, DEFAUL
 if TYPE_CHECKING:
     from spectest.protocol import Model
 
+# An interpreted subject's default plan: this multiple of the budget's tolerance (see SpecSession.tolerance_for).
+INTERPRETED_TOLERANCE_FACTOR = 1.8
 MARKER = "spec_property"  # spec_property(examples, checks, explicit=0)
 # Keys of what a property run leaves in pytest's report (user_properties), for the results file.
 RECORD_KEY = "spectest"  # a record: {"kind": "check" | "figure", "model", "property", ...}
@@ -90,6 +92,9 @@ class SpecSession:
     max_tv: float | None = None  # --spec-max-tv: lossy mode for every model
     speed_gate: float | None = None  # --spec-speed-gate: the speed property gates on efficiency
     e2e_speed: bool = False  # --spec-e2e-speed: run the end-to-end speed property
+    interpret: bool = False  # --spec-interpret: Triton kernels in Triton's interpreter on the CPU, batched
+    tolerance_given: bool = False  # --spec-tolerance was set (else the budget's, or an interpreted subject's)
+    run_seconds_given: bool = False  # --spec-run-seconds was set
     report_dir: str | None = None
     results_path: str | None = None
     models: list[Model] = field(default_factory=list)
@@ -169,6 +174,9 @@ class SpecSession:
             speed_gate=parse("spec_speed_gate", options.speed_gate, None),
             shrink=not value("spec_no_shrink"),
             e2e_speed=bool(value("spec_e2e_speed")),
+            interpret=bool(value("spec_interpret")),
+            tolerance_given=value("spec_tolerance") is not None,
+            run_seconds_given=value("spec_run_seconds") is not None,
             report_dir=value("spec_report"),
             results_path=value("spec_results"),
         )
@@ -177,13 +185,25 @@ class SpecSession:
         """Bonferroni: the run's alpha shared equally by the model's statistical checks."""
         return self.alpha / max(1, self.checks_per_model.get(model, 1))
 
-    def implementation_budget(self, model: str, planned: int) -> float | None:
+    def tolerance_for(self, model: Any) -> float:
+        """The TV every distribution check on ``model`` is planned to detect: --spec-tolerance, else the budget's;
+        for a subject that runs in Triton's interpreter, INTERPRETED_TOLERANCE_FACTOR times the budget's (its rows
+        cost 0.3-1.5 ms each where a compiled kernel's cost microseconds: the default plan at TV 0.09, under a third
+        of the rows, runs in minutes and leaves the median detectable TV under 0.1; --spec-tolerance 0.05 asks for the full one)."""
+        if self.tolerance_given or not getattr(model, "interpreted", False):
+            return self.tolerance
+        return min(1.0, self.tolerance * INTERPRETED_TOLERANCE_FACTOR)
+
+    def implementation_budget(self, model: Any, planned: int) -> float | None:
         """Time a property's distribution checks may spend in the implementation's calls: its
         share of --spec-run-seconds by planned checks (counted at collection, like alpha), capped
-        by --spec-property-seconds; None for no limit."""
+        by --spec-property-seconds; None for no limit. A subject in Triton's interpreter has none unless
+        --spec-run-seconds is given: its plan is sized for it (:meth:`tolerance_for`), and every check runs to it."""
+        name = getattr(model, "name", model)
         limits = []
-        if self.run_seconds:
-            limits.append(self.run_seconds * planned / max(1, self.checks_per_model.get(model, planned)))
+        interpreted = getattr(model, "interpreted", False)
+        if self.run_seconds and (self.run_seconds_given or not interpreted):
+            limits.append(self.run_seconds * planned / max(1, self.checks_per_model.get(name, planned)))
         if self.property_seconds:
             limits.append(self.property_seconds)
         return min(limits) if limits else None
@@ -218,6 +238,8 @@ class SpecSession:
             parts += ["--spec-speed-gate", repr(self.speed_gate)]
         if self.e2e_speed:
             parts += ["--spec-e2e-speed"]
+        if self.interpret:
+            parts += ["--spec-interpret"]
         if flag == "--spec-engine" and self.target_dir:
             parts += ["--spec-target", self.target_dir] + (["--spec-draft", self.draft_dir] if self.draft_dir else [])
         if flag == "--spec-engine" and self.concurrency != 16:

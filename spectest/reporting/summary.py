@@ -134,7 +134,7 @@ def summary_lines(session: SpecSession) -> list[str]:
                 f"{session.run_seconds:g} per model, shared by planned checks); they drew "
                 f"{sum(r['draws'] for r in limited)} of {sum(r['planned_draws'] for r in limited)} planned draws, and "
                 f"can detect a TV of {statistics.median(r['min_detectable_tv'] for r in limited):.3f} (median) "
-                f"instead of {session.tolerance:g}"
+                f"instead of {statistics.median(r.get('tolerance', session.tolerance) for r in limited):g}"
             )
     timings = [r["timing"] for r in shown if "timing" in r]
     if timings:

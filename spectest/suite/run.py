@@ -146,7 +146,8 @@ class SuiteRun:
         self.checks_started = 0
         self.planned_checks = self.examples * self.declared_checks
         # Own time the implementation's calls may take in this property's distribution checks.
-        self.budget = session.implementation_budget(model.name, self.planned_checks)
+        self.budget = session.implementation_budget(model, self.planned_checks)
+        self.tolerance = session.tolerance_for(model)  # the TV its checks are planned to detect
 
     def __repr__(self) -> str:
         return f"<spectest property {self.test_name} on {self.model.name}, alpha per check {self.alpha:.3g}>"
@@ -177,7 +178,7 @@ class SuiteRun:
             name,
             probs,
             alpha=self.alpha,
-            tolerance=self.session.tolerance,
+            tolerance=self.tolerance,
             seed=case_seed,
             time_budget=time_budget if time_budget is not None else self._check_budget(),
             spent=lambda: self.ledger.total("calls"),
@@ -373,6 +374,30 @@ class SuiteRun:
             )
 
 
+# A subject that runs Triton kernels in Triton's interpreter costs what the interpreter costs: about 0.1-1 us a cell
+# (a probability of p or q) batched (spectest.gpu.interpreter), 100 times that program by program. Its calls are
+# never held to --spec-timeout alone: a call's limit is that plus INTERPRETED_SLACK times its cells at the slowest
+# rate the model's calls of LARGE_CALL cells or more have shown in this process (INTERPRETED_PRIOR before any has),
+# so a call slow because the interpreter is slow passes while a hang still fails, later by that margin.
+INTERPRETED_SLACK = 20.0
+INTERPRETED_PRIOR = 2e-6
+LARGE_CALL = 1 << 16
+_RATES: dict[str, float] = {}  # model name -> slowest seconds per cell seen in a large call
+
+
+def interpreted_timeout(model: Model, base: float, cells: int) -> float:
+    """The time limit of one call of ``cells`` cells (see INTERPRETED_SLACK); ``base`` for a compiled subject, or
+    when the run has no time limit (0)."""
+    if not model.interpreted or not base:
+        return base
+    return base + INTERPRETED_SLACK * _RATES.get(model.name, INTERPRETED_PRIOR) * cells
+
+
+def record_rate(model: Model, seconds: float, cells: int) -> None:
+    if model.interpreted and cells >= LARGE_CALL:
+        _RATES[model.name] = max(_RATES.get(model.name, 0.0), seconds / cells)
+
+
 class PropertyRun(SuiteRun):
     """A verifier property: its calls go through the protocol's contract (shape, dtype, ids,
     exceptions, hangs) and are timed as the implementation's own."""
@@ -396,16 +421,20 @@ class PropertyRun(SuiteRun):
         *,
         num_draft_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        cells = target_probs.numel() + draft_probs.numel()
+        started = time.perf_counter()
         with self.ledger.measure("calls"):
-            return call_verify(
+            emitted = call_verify(
                 self.model,
                 draft_token_ids,
                 draft_probs,
                 target_probs,
                 generator,
-                timeout=self.session.timeout,
+                timeout=interpreted_timeout(self.model, self.session.timeout, cells),
                 num_draft_tokens=num_draft_tokens,
             )
+        record_rate(self.model, time.perf_counter() - started, cells)
+        return emitted
 
     def verify_logits(
         self,
@@ -415,16 +444,20 @@ class PropertyRun(SuiteRun):
         params: SamplingParams,
         generator: torch.Generator,
     ) -> torch.Tensor:
+        cells = target_logits.numel() + draft_logits.numel()
+        started = time.perf_counter()
         with self.ledger.measure("calls"):
-            return call_verify_logits(
+            emitted = call_verify_logits(
                 self.model,
                 draft_token_ids,
                 draft_logits,
                 target_logits,
                 params,
                 generator,
-                timeout=self.session.timeout,
+                timeout=interpreted_timeout(self.model, self.session.timeout, cells),
             )
+        record_rate(self.model, time.perf_counter() - started, cells)
+        return emitted
 
     def verify_tree(
         self,
@@ -434,13 +467,15 @@ class PropertyRun(SuiteRun):
         target_probs: torch.Tensor,
         generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        timeout = interpreted_timeout(self.model, self.session.timeout, target_probs.numel() + draft_probs.numel())
         with self.ledger.measure("calls"):
             return call_verify_tree(
-                self.model, parents, draft_token_ids, draft_probs, target_probs, generator, timeout=self.session.timeout
+                self.model, parents, draft_token_ids, draft_probs, target_probs, generator, timeout=timeout
             )
 
     def propose(
         self, draft_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.ledger.measure("calls"):
-            return call_propose(self.model, draft_logits, params, generator, timeout=self.session.timeout)
+            timeout = interpreted_timeout(self.model, self.session.timeout, draft_logits.numel())
+            return call_propose(self.model, draft_logits, params, generator, timeout=timeout)
