@@ -215,9 +215,11 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
             raise ValueError(
                 f"{name}: spectest_speed_gate must be a finite number >= 1, got {declared('spectest_speed_gate')!r}"
             )
-    description = getattr(obj, "spectest_description", None)
+    reason = unavailable() if callable(unavailable) else unavailable
+    # What runs, and where, is asked only of a model that can run here (an adapter answers it from the loaded code).
+    description = None if reason else getattr(obj, "spectest_description", None)
     return Model(
-        interpreted=bool(declared("spectest_interpreted")),
+        interpreted=bool(not reason and declared("spectest_interpreted")),
         description=str(description) if description else None,
         speed_gate=gate,
         draft_padding=padding,
@@ -225,7 +227,7 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         tie_break=tie_break,
         max_tv=declared_max_tv(name, declared("spectest_max_tv"), declared("spectest_lossy")),
         name=name,
-        unavailable=unavailable() if callable(unavailable) else unavailable,
+        unavailable=reason,
         verify=verify,
         source=source,
         capabilities=frozenset(capabilities),

@@ -169,6 +169,11 @@ COMMANDS: dict[str, tuple[str, int]] = {
     "pytest --spec-engine vllm-e2e": (COLLECT, 0),
     "pytest --spec-engine tests/engines/markov.py:markov --spec-budget quick": (COLLECT, 0),
     "pytest --spec-model reference": (COLLECT, 0),
+    # docs/tutorials/gpu-kernel.md: Triton kernels in Triton's interpreter (tests/test_interpreted_engines.py runs them)
+    "pytest --spec-model examples/my_triton_kernel.py:verify --spec-interpret": (COLLECT, 0),
+    "pytest --spec-model examples/my_triton_kernel.py:verify_from_p --spec-interpret": (COLLECT, 0),
+    "pytest --spec-model sglang --spec-model sglang-block": (COLLECT, 0),
+    "pytest --spec-model vllm-v2": (COLLECT, 0),
     "pytest --spec-model reference-block": (COLLECT, 0),
     "pytest --spec-model reference-tree-iid": (COLLECT, 0),
     "pytest --spec-model reference-tree-iid properties/test_trees.py": (COLLECT, 0),

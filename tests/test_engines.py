@@ -31,7 +31,7 @@ def test_unavailable_adapters_skip_every_property_with_the_reason(tmp_path):
     assert run.returncode == 0 and run.results, run.output[-2000:]
     assert {o.outcome for o in run.results.values()} == {"skipped"}
     assert all("cannot run here" in o.text for o in run.results.values())
-    assert "vllm [standard-rejection, strided-inputs] (unavailable:" in run.output
+    assert "vllm [logits, ragged-drafts, standard-rejection, strided-inputs] (unavailable:" in run.output
 
 
 @pytest.mark.cost(25)

@@ -42,20 +42,14 @@ from typing import Any
 
 import numpy as np
 
+from spectest.gpu.predication import Diverged
+
 # Elements of one block a group's arrays may hold at once (programs x block size): a group of programs is sized so
 # that its largest block stays under this (about 32 MB of float64), so a kernel with 8192-wide tiles (vLLM's) runs
 # in groups of 512 programs rather than all of a launch's thousands at once.
 ELEMENTS_PER_GROUP = 1 << 22
 FIRST_GROUP = 64  # programs in a launch's first group, before its blocks' size is known
 LARGEST_GROUP = 4096
-
-
-class Diverged(BaseException):  # a control-flow signal: no `except Exception` in kernel code catches it
-    """The programs of a group took different values at a branch: ``values`` [programs], one per program."""
-
-    def __init__(self, values: np.ndarray) -> None:
-        super().__init__("programs diverged")
-        self.values = values
 
 
 class Unbatchable(BaseException):
@@ -135,10 +129,62 @@ def arrange_triton(who: str, mode: str | None = None) -> None:
         )
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ[MODE_VARIABLE] = mode
+    provide_libdevice()
     if mode == "batched":
         install()
     else:
         uninstall()
+
+
+# libdevice's elementwise math as numpy computes it, for the interpreter (which has none: Triton's
+# ``triton.language.extra.libdevice`` holds stubs that only a compiler backend fills). Each is the same function
+# to within an ulp or two (CUDA's libdevice promises 1-2 ulp for these), enough for kernels that, like vLLM Model
+# Runner V2's residual, call log1p for accuracy near 0.
+LIBDEVICE = {
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "log": np.log,
+    "log2": np.log2,
+    "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "abs": np.abs,
+}
+
+
+def _libdevice_function(ufunc: Callable[..., np.ndarray]) -> Callable[..., Any]:
+    def function(*args: Any, _semantic: Any = None, **_: Any) -> Any:
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        first = next(arg for arg in args if isinstance(arg, tl.core.tensor))
+        values = [arg.handle.data if isinstance(arg, tl.core.tensor) else arg for arg in args]
+        data = np.asarray(ufunc(*values)).astype(first.handle.data.dtype, copy=False)
+        return tl.core.tensor(TensorHandle(data, first.dtype.scalar), first.type)
+
+    function.__name__ = ufunc.__name__
+    function.spectest_libdevice = True  # type: ignore[attr-defined]
+    return function
+
+
+def provide_libdevice() -> None:
+    """Give ``triton.language.extra.libdevice`` the functions of :data:`LIBDEVICE` for interpreted kernels
+    (idempotent; only stubs are replaced)."""
+    from triton.language.extra import libdevice
+
+    for name, ufunc in LIBDEVICE.items():
+        current = getattr(libdevice, name, None)
+        if current is None or getattr(current, "spectest_libdevice", False):
+            continue
+        if current.__code__.co_code == _STUB.__code__.co_code:
+            setattr(libdevice, name, _libdevice_function(ufunc))
+
+
+def _STUB(arg0: Any) -> None:  # the shape of libdevice's stubs: a body of ``...``
+    ...
 
 
 def install() -> None:

@@ -18,7 +18,7 @@ rewrite, so that such a branch runs both ways:
 
 A branch whose body can leave it (``return``, or a ``break`` or ``continue`` of a loop outside it) is left as written:
 the restart handles it. So does a merge the rewrite cannot make exactly (a name bound to values of different types or
-shapes in the two branches, or to Python objects that differ): it raises :class:`spectest.gpu.interpreter.Diverged`
+shapes in the two branches, or to Python objects that differ): it raises :class:`Diverged`
 and the group is rerun one part per value. What a disabled program computes inside a branch is thrown away and never
 stored, so each program's values and stores are what it makes running alone.
 """
@@ -32,6 +32,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+
+
+class Diverged(BaseException):  # a control-flow signal: no `except Exception` in kernel code catches it
+    """The programs of a group took different values at a branch: ``values`` [programs], one per program
+    (raised here and by :mod:`spectest.gpu.interpreter`, which reruns the group split)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        super().__init__("programs diverged")
+        self.values = values
+
 
 HELPERS = "_spectest_batch"  # the name the rewritten kernels call these helpers by (put in the kernel's globals)
 _MISSING = object()
@@ -128,14 +138,12 @@ def select(condition: Any, taken: dict[str, Any], other: dict[str, Any], name: s
 class Conflicted:
     """A name the two sides of a divergent branch bound to values no one value can hold (a block of another shape or
     type, Python objects that differ): harmless while nothing reads it (a tile's mask that the next loop assigns
-    again), and :class:`spectest.gpu.interpreter.Diverged` the moment anything does, so the group reruns split."""
+    again), and :class:`Diverged` the moment anything does, so the group reruns split."""
 
     def __init__(self, truths: np.ndarray) -> None:
         object.__setattr__(self, "_truths", truths)
 
     def _diverge(self, *args: Any, **kwargs: Any) -> Any:
-        from spectest.gpu.interpreter import Diverged
-
         raise Diverged(object.__getattribute__(self, "_truths"))
 
     def __getattr__(self, name: str) -> Any:
