@@ -123,9 +123,9 @@ class TreeModel:
 
 def build_tree_model(case: TreeCase, drafting: str, device: torch.device) -> TreeModel:
     rng = np.random.default_rng(case.seed)
-    # Drawn without replacement, a node's children are distinct tokens: it has at most V of them (a drafter can draw no
-    # more: torch.multinomial refuses). Wider nodes (iid siblings' duplicates) are for the other schemes.
-    width = min(case.max_width, case.vocab) if drafting == "without-replacement" else case.max_width
+    # Drawn without replacement or as the top k, a node's children are distinct tokens: it has at most V of them (a
+    # drafter can draw no more: torch.multinomial and torch.topk refuse). Wider nodes (duplicate siblings) are iid's.
+    width = case.max_width if drafting == "iid" else min(case.max_width, case.vocab)
     parents = np.stack([tree_shape(rng, case.nodes, width, case.max_depth, case.style) for _ in range(case.batch)])
     depth = np.full(parents.shape, PAD, dtype=np.int64)
     depth[:, 0] = 0
