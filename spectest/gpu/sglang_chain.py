@@ -23,9 +23,7 @@ sglang==0.5.23`` is all it needs. Without a GPU its kernel runs in Triton's inte
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +31,7 @@ import torch
 from spectest.availability import cuda_available, missing
 from spectest.gpu.interpreter import describe_kernels
 from spectest.sampling import global_rng_from
+from spectest.wheel_files import load_package_file
 
 KERNEL_FILE = ("kernels", "ops", "speculative", "reject_sampling.py")
 MODULE_NAME = "spectest_sglang_reject_sampling"  # the kernel file's module, imported alone
@@ -42,30 +41,11 @@ KERNELS = ("speculative_sampling_classic_kernel",)
 def load_sglang_kernels() -> Any:
     """The installed SGLang's ``reject_sampling.py``, imported as a module of its own (Triton's interpreter arranged
     first where there is no GPU). Raises ModuleNotFoundError where the installed SGLang has no such file."""
-    if MODULE_NAME in sys.modules:
-        return sys.modules[MODULE_NAME]
-    if not cuda_available():
+    if MODULE_NAME not in sys.modules and not cuda_available():
         from spectest.gpu.interpreter import arrange_triton
 
         arrange_triton("sglang")
-    found = importlib.util.find_spec("sglang")
-    roots = list(found.submodule_search_locations or []) if found else []
-    paths = [Path(root).joinpath(*KERNEL_FILE) for root in roots]
-    path = next((p for p in paths if p.is_file()), None)
-    if path is None:
-        raise ModuleNotFoundError(f"this SGLang has no {'/'.join(KERNEL_FILE)}")
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE_NAME] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[MODULE_NAME]
-        raise
-    if not hasattr(module, "chain_speculative_sampling_triton"):
-        raise ModuleNotFoundError("this SGLang's reject_sampling.py has no chain_speculative_sampling_triton")
-    return module
+    return load_package_file("sglang", KERNEL_FILE, MODULE_NAME, ("chain_speculative_sampling_triton",))
 
 
 class SglangChain:
