@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from spectest.availability import cuda_available, missing
+from spectest.availability import cuda_available
+from spectest.gpu.engine_kernels import EngineKernels
 from spectest.gpu.interpreter import describe_kernels
 from spectest.sampling import global_rng_from, sample_categorical
 
@@ -140,10 +141,11 @@ def load_lmdeploy(part: str) -> Any:
     return _LOADED[part]
 
 
-class LmdeployRejectionSampler:
+class LmdeployRejectionSampler(EngineKernels):
     """LMDeploy's rejection sampler of one backend (see the module docstring)."""
 
     spectest_capabilities = frozenset({"standard-rejection"})
+    hint = "pip install --no-deps lmdeploy==0.18.0"
     backend = "triton"
 
     def __init__(self, name: str) -> None:
@@ -152,20 +154,15 @@ class LmdeployRejectionSampler:
         self._k = 0
 
     @property
-    def spectest_unavailable(self) -> str | None:
-        needs = ("lmdeploy", "triton") if self.backend == "triton" else ("lmdeploy",)
-        reason = missing(*needs, hint="pip install --no-deps lmdeploy==0.18.0")
-        if reason is not None:
-            return reason
-        try:
-            load_lmdeploy(self.backend)
-        except ModuleNotFoundError as exc:
-            return str(exc)
-        return None
+    def packages(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("lmdeploy", "triton") if self.backend == "triton" else ("lmdeploy",)
+
+    def load(self) -> Any:
+        return load_lmdeploy(self.backend)
 
     @property
     def spectest_interpreted(self) -> bool:
-        return self.backend == "triton" and not cuda_available()
+        return self.backend == "triton" and super().spectest_interpreted
 
     @property
     def spectest_description(self) -> str | None:

