@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 from spectest.protocol import TREE_DRAFTING, Model, build_model
 from spectest.tree_protocol import chain_view
+from spectest.wheel_files import import_file
 
 ENTRY_POINT_GROUP = "spectest.models"
 IN_PROCESS: dict[str, Model] = {}  # name -> a model built from an object, for this process only
@@ -97,19 +96,7 @@ def _load_module(spec: str, location: str, option: str = "--spec-model") -> Any:
             path = Path(location).expanduser().resolve()
             if not path.is_file():
                 raise ModelSpecError(f"{option} {spec!r}: no such file {str(path)!r}")
-            module_name = f"spectest_user_{abs(hash(str(path)))}_{path.stem}"
-            if module_name in sys.modules:
-                return sys.modules[module_name]
-            file_spec = importlib.util.spec_from_file_location(module_name, path)
-            assert file_spec is not None and file_spec.loader is not None
-            module = importlib.util.module_from_spec(file_spec)
-            sys.modules[module_name] = module
-            try:
-                file_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[module_name]
-                raise
-            return module
+            return import_file(path, f"spectest_user_{abs(hash(str(path)))}_{path.stem}")
         return importlib.import_module(location)
     except ModelSpecError:
         raise

@@ -63,6 +63,24 @@ class TreeInputs:
         )
 
 
+def root_to_leaf_paths(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Every root-to-leaf path of a tree (node ids from depth 1), leaves depth-first with children in index
+    order; empty when the root has no children."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        if node > 0 and parent >= 0:
+            children.setdefault(parent, []).append(node)
+    paths: list[tuple[int, ...]] = []
+    stack: list[tuple[int, tuple[int, ...]]] = [(0, ())]
+    while stack:
+        node, path = stack.pop()
+        kids = children.get(node, [])
+        if not kids and path:
+            paths.append(path)
+        stack.extend((kid, (*path, kid)) for kid in reversed(kids))
+    return tuple(paths)
+
+
 def describe_tree_inputs(parents: torch.Tensor, target_probs: torch.Tensor, prefix: str = "") -> TreeInputs:
     return TreeInputs(parents, target_probs, prefix)
 

@@ -22,15 +22,11 @@ def package_file(package: str, *parts: str) -> Path | None:
     return next((path for root in roots if (path := Path(root).joinpath(*parts)).is_file()), None)
 
 
-def load_package_file(package: str, parts: tuple[str, ...], module_name: str, needs: tuple[str, ...]) -> ModuleType:
-    """``package``'s file ``parts`` imported alone as ``module_name`` (once a process; a failed import leaves
-    nothing behind). Raises ModuleNotFoundError naming what is missing when the file, or any of the names
-    ``needs``, is not there: an installed version that moved or renamed the sampler."""
+def import_file(path: Path, module_name: str) -> ModuleType:
+    """The Python file at ``path`` imported as ``module_name``, once a process (registered before it runs, as an
+    import would be; a failed import leaves nothing behind)."""
     if module_name in sys.modules:
         return sys.modules[module_name]
-    path = package_file(package, *parts)
-    if path is None:
-        raise ModuleNotFoundError(f"this {package} has no {'/'.join(parts)}")
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -40,6 +36,19 @@ def load_package_file(package: str, parts: tuple[str, ...], module_name: str, ne
     except BaseException:
         del sys.modules[module_name]
         raise
+    return module
+
+
+def load_package_file(package: str, parts: tuple[str, ...], module_name: str, needs: tuple[str, ...]) -> ModuleType:
+    """``package``'s file ``parts`` imported alone as ``module_name`` (once a process; a failed import leaves
+    nothing behind). Raises ModuleNotFoundError naming what is missing when the file, or any of the names
+    ``needs``, is not there: an installed version that moved or renamed the sampler."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = package_file(package, *parts)
+    if path is None:
+        raise ModuleNotFoundError(f"this {package} has no {'/'.join(parts)}")
+    module = import_file(path, module_name)
     absent = [name for name in needs if not hasattr(module, name)]
     if absent:
         del sys.modules[module_name]

@@ -41,24 +41,23 @@ chat front end; the sampler's file imports only torch and transformers' logits p
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import os
 import random
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from spectest.availability import missing
 from spectest.protocol import PAD
-from spectest.tree_protocol import depths
-from spectest.wheel_files import load_package_file
+from spectest.tree_protocol import depths, root_to_leaf_paths
+from spectest.wheel_files import import_file, load_package_file
 
 MODULE_NAME = "spectest_eagle_utils"
 NEEDS = ("evaluate_posterior", "generate_tree_buffers", "prepare_logits_processor", "TOPK")
@@ -246,23 +245,17 @@ class EagleRepoTree:
 
     def _load(self) -> Any:
         path = self._path()
-        name = f"spectest_eagle_repo_{abs(hash(path))}"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            if (
-                list(inspect.signature(module.evaluate_posterior).parameters)[:3]
-                != ["logits", "candidates", "logits_processor"]
-                or len(inspect.signature(module.evaluate_posterior).parameters) != 3
-            ):
-                raise ModuleNotFoundError(
-                    f"{path}'s evaluate_posterior is not EAGLE-2/3's (logits, candidates, "
-                    "logits_processor): for EAGLE 1.2.1's, use the model eagle"
-                )
-            sys.modules[name] = module
-        return sys.modules[name]
+        module = import_file(Path(path), f"spectest_eagle_repo_{abs(hash(path))}")
+        if list(inspect.signature(module.evaluate_posterior).parameters) != [
+            "logits",
+            "candidates",
+            "logits_processor",
+        ]:
+            raise ModuleNotFoundError(
+                f"{path}'s evaluate_posterior is not EAGLE-2/3's (logits, candidates, logits_processor): for EAGLE "
+                "1.2.1's, use the model eagle"
+            )
+        return module
 
     @property
     def spectest_unavailable(self) -> str | None:
@@ -311,22 +304,10 @@ class EagleRepoTree:
 
 @lru_cache(maxsize=1024)
 def leaf_paths(parents: tuple[int, ...]) -> torch.Tensor:
-    """[P, D + 1]: the nodes from the root to each leaf, leaves in index order, -1 padded."""
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(parents):
-        if node and parent >= 0:
-            children.setdefault(parent, []).append(node)
-    rows: list[list[int]] = []
-
-    def walk(node: int, trail: list[int]) -> None:
-        if node not in children:
-            rows.append(trail)
-        for child in children.get(node, []):
-            walk(child, [*trail, child])
-
-    walk(0, [0])
+    """[P, D + 1]: the nodes from the root to each leaf, leaves in index order, -1 padded (the root alone: [[0]])."""
+    rows = [(0, *path) for path in root_to_leaf_paths(parents)] or [(0,)]
     width = max(len(row) for row in rows)
-    return torch.tensor([row + [PAD] * (width - len(row)) for row in rows], dtype=torch.int64)
+    return torch.tensor([[*row] + [PAD] * (width - len(row)) for row in rows], dtype=torch.int64)
 
 
 EAGLE = EagleTree()

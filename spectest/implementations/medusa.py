@@ -57,7 +57,7 @@ import torch
 
 from spectest.availability import missing
 from spectest.protocol import PAD
-from spectest.tree_protocol import depths
+from spectest.tree_protocol import depths, root_to_leaf_paths
 from spectest.wheel_files import load_package_file
 
 MODULE_NAME = "spectest_medusa_utils"
@@ -84,30 +84,12 @@ def medusa_version() -> str:
 
 
 @lru_cache(maxsize=4096)
-def tree_paths(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """Every root-to-leaf path of a tree (node ids from depth 1), leaves depth-first with children in index
-    order; empty when the root has no children."""
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(parents):
-        if node > 0 and parent >= 0:
-            children.setdefault(parent, []).append(node)
-    paths: list[tuple[int, ...]] = []
-    stack: list[tuple[int, tuple[int, ...]]] = [(0, ())]
-    while stack:
-        node, path = stack.pop()
-        kids = children.get(node, [])
-        if not kids and path:
-            paths.append(path)
-        stack.extend((kid, (*path, kid)) for kid in reversed(kids))
-    return tuple(paths)
-
-
 @lru_cache(maxsize=4096)
 def path_layout(parents: tuple[int, ...], device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(nodes [P, L], pad_candidate [P, L], pad_logits [P, L]) of a tree's paths, L = its deepest depth + 1:
     slot 0 the root, then each path's nodes (0 in padded slots); which candidate slots are padding; which logits
     slots judge a padded candidate (a short path's slots from its leaf on)."""
-    paths = tree_paths(parents)
+    paths = root_to_leaf_paths(parents)
     width = max(len(path) for path in paths) + 1
     nodes = torch.zeros((len(paths), width), dtype=torch.int64)
     pad_candidate = torch.zeros((len(paths), width), dtype=torch.bool)
@@ -132,7 +114,7 @@ def medusa_tree_inputs(
     padding = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
     padding[PAD_TOKEN] = -math.inf
     along = torch.where(pad_logits.unsqueeze(-1), padding, logits[:, nodes])
-    return candidates, along, tree_paths(parents)
+    return candidates, along, root_to_leaf_paths(parents)
 
 
 def wheel_argmax(medusa: Any, logits: torch.Tensor, temperature: float) -> int:
@@ -234,7 +216,7 @@ class MedusaTypical(MedusaKnobs):
         accepted: dict[int, list[int]] = {}
         token = torch.zeros(b, dtype=torch.int64, device=device)
         for key, rows in shapes.items():
-            if not tree_paths(key):  # a root alone: no candidates, only the token after the root
+            if not root_to_leaf_paths(key):  # a root alone: no candidates, only the token after the root
                 for row in rows:
                     accepted[row], token[row] = [], wheel_argmax(medusa, logits[row, 0], self.temperature)
                 continue
