@@ -2,7 +2,8 @@
 every way the programs of a launch can part (if/else, while, for over a range each program bounds itself, an early
 return, ``and``/``or``/``not``, a conditional expression), the running maximum and inverse-CDF search over vocabulary
 tiles that samplers use, reductions and scans along either axis of a 2-D block, a name bound to blocks of different
-shapes in the two branches, and an atomic (which has no batched form: the launch runs program by program).
+shapes in the two branches, an atomic (which has no batched form: the launch runs program by program), and a tile
+far wider than the vocabulary, loaded with every kind of fill (the tailed blocks of spectest.gpu.tails).
 
 Kernels are defined on first use (:func:`kernels`), so importing this module never imports triton.
 """
@@ -150,5 +151,50 @@ def kernels() -> SimpleNamespace:
             tl.atomic_add(count_ptr, 1)
         tl.store(out_ptr + pid, x * 2.0)
 
-    _KERNELS = SimpleNamespace(branches=branches, tiles=tiles, blocks=blocks, shapes=shapes, counting=counting)
+    @triton.jit
+    def wide(x_ptr, fill_ptr, out_ptr, out_int_ptr, vocab, BLOCK: tl.constexpr, OUT: tl.constexpr):
+        """A tile far wider than the vocabulary (vLLM's 8192 lanes), loaded with fills of every kind: -inf, +0,
+        -0, NaN, a value each program loads, and a block whose own lanes past the vocabulary are one value; then
+        the operations a tailed block takes as it is (arithmetic, comparisons, where, casts, fabs, fma,
+        exponentials, maxima, minima and their indices, sums), and whole blocks stored."""
+        row = tl.program_id(0)
+        tile = tl.program_id(1)
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < vocab
+        x = tl.load(x_ptr + row * vocab + offs, mask=mask, other=float("-inf"))
+        zero = tl.load(x_ptr + row * vocab + offs, mask=mask, other=0.0)
+        negative = tl.load(x_ptr + row * vocab + offs, mask=mask, other=-0.0)
+        nan = tl.load(x_ptr + row * vocab + offs, mask=mask, other=float("nan"))
+        own = tl.load(x_ptr + row * vocab + offs, mask=mask, other=tl.load(fill_ptr + row))
+        shared = tl.load(x_ptr + row * vocab + offs, mask=mask, other=tl.where(offs < vocab + 3, 1.5, -2.5))
+        top, at = tl.max(x, axis=0, return_indices=True)
+        low, low_at = tl.min(own, axis=0, return_indices=True)
+        sumexp = tl.where(top > float("-inf"), tl.sum(tl.exp(x - top)), 0.0)
+        base = out_ptr + (row * tl.num_programs(1) + tile) * OUT
+        tl.store(base + 0, top)
+        tl.store(base + 1, sumexp)
+        tl.store(base + 2, tl.sum(zero * 3.0 - 1.0))
+        tl.store(base + 3, tl.sum(negative))
+        tl.store(base + 4, tl.max(nan, axis=0))
+        tl.store(base + 5, low)
+        tl.store(base + 6, tl.sum(tl.fma(own, shared, zero)))
+        tl.store(base + 7, tl.sum(tl.abs(negative) / (1.0 + tl.abs(own))))
+        tl.store(base + 8, tl.sum(tl.where(shared > 0.0, zero, -own)))
+        tl.store(base + 9, tl.sum(tl.where(mask, x, 0.0).to(tl.float64)).to(tl.float32))
+        tl.store(base + 10, tl.sum((own * 1000.0).to(tl.int32)).to(tl.float32))
+        tl.store(base + 11, tl.sum(tl.exp2(tl.minimum(zero, 0.5)) - (nan != nan).to(tl.float32)))
+        tl.store(base + 12, tl.max(tl.sqrt(tl.abs(own)) + shared, axis=0))
+        tl.store(base + 13, tl.min(tl.where(zero == 0.0, -own, shared)))
+        ints = out_int_ptr + (row * tl.num_programs(1) + tile) * 4
+        tl.store(ints, at)
+        tl.store(ints + 1, low_at)
+        if vocab > 0:  # an all-NaN block has no argmax (numpy raises, in both interpreters)
+            tl.store(ints + 2, tl.argmax(nan, axis=0))
+        tl.store(ints + 3, tl.argmin(tl.where(mask, zero, 7.0).to(tl.float16), axis=0))
+        block = out_ptr + (tl.num_programs(0) * tl.num_programs(1) * OUT) + (row * tl.num_programs(1) + tile) * BLOCK
+        tl.store(block + tl.arange(0, BLOCK), tl.exp(x - top) + own)  # a tailed block stored whole
+
+    _KERNELS = SimpleNamespace(
+        branches=branches, tiles=tiles, blocks=blocks, shapes=shapes, counting=counting, wide=wide
+    )
     return _KERNELS

@@ -1,7 +1,8 @@
 """The batched interpreter (spectest.gpu.interpreter, spectest.gpu.predication) against Triton's own, program by
 program: for the same launch every output byte must be the same. Kernels that part their programs every way a
 kernel can (tests/interpreter_kernels.py), the samplers' tile loops, reductions and scans of 2-D blocks along either
-axis, a name bound to blocks of two shapes, an atomic (which runs program by program), and spectest's own Triton
+axis, a name bound to blocks of two shapes, tiles far wider than the vocabulary (tailed blocks), an atomic (which
+runs program by program), and spectest's own Triton
 chain verifier in every variant. Also: how many groups the programs ran in (a launch that agrees everywhere is one),
 and the interpreter's arrangement (TRITON_INTERPRET set before triton is imported, or a usage error naming it).
 """
@@ -118,6 +119,35 @@ def test_a_name_bound_to_two_shapes_is_split_only_when_read(batched) -> None:
     plain, batched_out = both(launch)
     assert_same(plain, batched_out)
     assert interpreter.LAUNCHES.groups - before == 3  # one group, split in two where `other` is read
+
+
+@pytest.mark.parametrize(("vocab", "tiles"), [(5, 1), (20, 1), (0, 1), (64, 1), (300, 2)])
+def test_tiles_wider_than_the_vocabulary_match_bit_for_bit(batched, monkeypatch, vocab: int, tiles: int) -> None:
+    """Loads whose lanes past the vocabulary hold the fill are kept as a tail (spectest.gpu.tails): every output,
+    NaN and -0 included, is the interpreter's own; and the tail was taken, not built whole at the load."""
+    from spectest.gpu import tails
+
+    k = kernels()
+    rng = np.random.default_rng(vocab)
+    rows, block, width = 24, 256, 14
+    x = rng.standard_normal(max(1, rows * vocab)).astype(np.float32)
+    if vocab:
+        x[3] = np.nan  # a NaN among the live lanes of row 0
+        x[vocab + 1] = -0.0
+    x = torch.from_numpy(x)
+    fill = torch.from_numpy(rng.standard_normal(rows).astype(np.float32))
+    made = []
+    monkeypatch.setattr(tails, "tailed", lambda *args: made.append(1) or tails.tailed_class()(*args))
+    monkeypatch.setattr(interpreter, "SHARED_ROW", 8)  # groups keep to one tile from 8 rows on, not 256
+
+    def launch() -> list[torch.Tensor]:
+        out = torch.full((rows * tiles * (width + block),), -7.0)
+        ints = torch.full((rows * tiles * 4,), -7, dtype=torch.int32)
+        k.wide[(rows, tiles)](x, fill, out, ints, vocab, BLOCK=block, OUT=width)
+        return [out, ints]
+
+    assert_same(*both(launch))
+    assert made, "no load kept its fill as a tail"
 
 
 def test_an_atomic_runs_program_by_program_with_the_same_result(batched) -> None:

@@ -18,6 +18,12 @@ from the start, so no program ever runs a path its own values did not choose. A 
 everywhere runs once. A kernel reaches as many groups as it has distinct paths (a chain verifier: about one per
 acceptance length and vocabulary tile), not one per program.
 
+A vocabulary tile far wider than the vocabulary (vLLM's 8192 lanes over a few dozen tokens) is kept as its live lanes
+and one row for the fill after them (:mod:`spectest.gpu.tails`), and a tile's addresses as a pointer a program plus
+offsets the group shares, so a load computes the addresses of the lanes it enables only; for that, a group's
+programs share their grid axes after the first (a group ends where they change) and a program id the group shares is
+one value. Exact by construction, as the rest: every operation not taught the short form builds the block whole.
+
 What the interpreter cannot see, this cannot either (races between programs, reads past an allocation that happen to
 land in memory, timing, compile errors: :mod:`spectest.gpu.compile_gate` compiles the kernels for real); and programs
 that write what other programs read, which a GPU does not order either, may see each other's writes in another
@@ -42,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from spectest.gpu import tails
 from spectest.gpu.predication import Diverged
 
 # Elements of one block a group's arrays may hold at once (programs x block size): a group of programs is sized so
@@ -50,6 +57,7 @@ from spectest.gpu.predication import Diverged
 ELEMENTS_PER_GROUP = 1 << 22
 FIRST_GROUP = 64  # programs in a launch's first group, before its blocks' size is known
 LARGEST_GROUP = 4096
+SHARED_ROW = 256  # programs along a grid's first axis from which a group keeps to one value of the others
 
 
 class Unbatchable(BaseException):
@@ -303,14 +311,27 @@ def _batched_call(self: Any, *args_dev: Any, **kwargs: Any) -> None:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         builder = _Batched(interpreter.interpreter_builder, journal, _Memory(_tensors(args_hst, kwargs_hst)))
         builder.patch(scope, grid)
-        programs = np.array(list(itertools.product(*(range(int(n)) for n in grid))), dtype=np.int64).reshape(-1, 3)
+        # Where each row of the grid's first axis is long (a row per token, a column per vocabulary tile), axis 0
+        # varies fastest and a group ends where the others change, so that its programs share them: a tile's
+        # offsets and mask are then one block for the group (spectest.gpu.tails). Short rows (a few requests, many
+        # tiles) keep the stock order and mix: a group costs its operations' overhead whatever its size.
+        ranges = [range(int(n)) for n in grid]
+        shared = grid[0] >= SHARED_ROW and grid[1] * grid[2] > 1
+        if shared:
+            order = itertools.product(*reversed(ranges))
+            programs = np.array(list(order), dtype=np.int64).reshape(-1, 3)[:, ::-1].copy()
+            edges = np.arange(grid[0], len(programs) + 1, grid[0])
+        else:
+            programs = np.array(list(itertools.product(*ranges)), dtype=np.int64).reshape(-1, 3)
+            edges = np.array([len(programs)])
         LAUNCHES.launches += 1
         LAUNCHES.programs += len(programs)
         try:
-            start, size = 0, min(FIRST_GROUP, len(programs))
+            start, size = 0, FIRST_GROUP
             while start < len(programs):
-                _run_group(self.fn, args, builder, programs[start : start + size])
-                start += size
+                end = min(start + size, int(edges[np.searchsorted(edges, start, side="right")]))
+                _run_group(self.fn, args, builder, programs[start:end])
+                start = end
                 size = builder.group_size()
         except Unbatchable as stop:
             fallback = stop.operation
@@ -495,7 +516,13 @@ class _Batched:
         tl = it.tl
 
         def program_id(axis: int) -> Any:
-            return handle(self.programs[:, axis].astype(np.int32), tl.int32)
+            # An axis the group's programs share (a grid's axis of one, or a group cut within one row of it) is one
+            # value for all of them, as a constant is: what derives from it alone (a tile's offsets, its mask) stays
+            # one block for the group instead of one a program.
+            ids = self.programs[:, axis]
+            if len(ids) > 1 and (ids == ids[0]).all():
+                ids = ids[:1]
+            return handle(ids.astype(np.int32), tl.int32)
 
         def make_range(ret_ty: Any, start: int, stop: int) -> Any:
             return handle(self._seen(np.arange(start, stop, dtype=np.int32)[:, None]), tl.int32)
@@ -544,19 +571,49 @@ class _Batched:
             dtype_np = np.dtype(get_np_dtype(dtype_tt))
             other_data = np.zeros((1,), dtype=dtype_np) if other is None else other.data
             mask_data = _enabled(mask.data)
-            shape = np.broadcast_shapes(ptrs.data.shape, mask_data.shape, other_data.shape)
+            shape = np.broadcast_shapes(tails.shape_of(ptrs), mask_data.shape, other_data.shape)
             if mask_data.shape[-1] == 1 and len(shape) > 1:
                 # A mask every program shares (a tile's edge): gather the enabled lanes only.
                 lanes = np.flatnonzero(np.broadcast_to(mask_data[..., 0], shape[:-1]))
-                addresses = np.broadcast_to(ptrs.data, shape).reshape(-1, shape[-1])[lanes]
+                if tails.is_factored(ptrs) and len(shape) == 2:
+                    addresses = ptrs.rows(lanes, shape[-1])
+                else:
+                    addresses = np.broadcast_to(ptrs.data, shape).reshape(-1, shape[-1])[lanes]
                 found = self.memory.locate(addresses, None, dtype_np)
                 if found is not None:
                     view, index = found
+                    live = int(lanes[-1]) + 1 if lanes.size else 0
+                    fill = other_data if other_data.ndim == len(shape) else other_data[None]  # [lanes or 1, p]
+                    if len(shape) == 2 and live < shape[0] and tails.uniform_from(fill, live):
+                        # Every enabled lane lies before `live`: the lanes from it on hold the fill, kept as one row.
+                        start = fill[:live] if len(fill) > 1 else fill
+                        out = np.empty((live, shape[-1]), dtype=dtype_np)
+                        out[...] = start
+                        out[lanes] = view[index].reshape(addresses.shape)
+                        tail = np.asarray(fill[live : live + 1] if len(fill) > 1 else fill, dtype=dtype_np)
+                        self.widest = max(self.widest, shape[0])  # a group's size, as if built whole
+                        return tails.tailed(out, tail, shape[0], dtype_tt)
                     out = np.empty(shape, dtype=dtype_np)
                     out[...] = other_data
                     out.reshape(-1, shape[-1])[lanes] = view[index].reshape(addresses.shape)
                     return handle(self._seen(out), dtype_tt)
             enabled = np.broadcast_to(mask_data, shape)
+            if len(shape) == 2 and tails.is_factored(ptrs):
+                # A mask of each program's own over a shared tile (a vocabulary's edge and one token each): the same
+                # tail where no program enables a lane from `live` on.
+                rows = np.flatnonzero(enabled.any(axis=1))
+                live = int(rows[-1]) + 1 if rows.size else 0
+                fill = other_data if other_data.ndim == len(shape) else other_data[None]
+                if live < shape[0] and tails.uniform_from(fill, live):
+                    found = self.memory.locate(ptrs.rows(np.arange(live), shape[-1]), enabled[:live], dtype_np)
+                    if found is not None:
+                        view, index = found
+                        out = np.empty((live, shape[-1]), dtype=dtype_np)
+                        out[...] = fill[:live] if len(fill) > 1 else fill
+                        out[enabled[:live]] = view[index]
+                        tail = np.asarray(fill[live : live + 1] if len(fill) > 1 else fill, dtype=dtype_np)
+                        self.widest = max(self.widest, shape[0])  # a group's size, as if built whole
+                        return tails.tailed(out, tail, shape[0], dtype_tt)
             addresses = np.broadcast_to(ptrs.data, shape)
             found = self.memory.locate(addresses, enabled, dtype_np)
             if found is None:
@@ -571,6 +628,15 @@ class _Batched:
         def addptr(ptr: Any, offset: Any) -> Any:
             # The interpreter's ptr + width * uint64(offset), in one buffer where the offset spans the result.
             width = np.uint64(max(1, ptr.get_element_ty().primitive_bitwidth // 8))
+            base, offsets = ptr.data, offset.data
+            if base.ndim == 2 and base.strides[0] == 0:
+                base = base[0]  # a pointer a program, broadcast across the tile
+            if offsets.ndim == 2 and offsets.shape[-1] > 1 and offsets.strides[-1] == 0:
+                offsets = offsets[:, :1]  # a tile every program shares, broadcast across the programs
+            if base.ndim == 1 and offsets.ndim == 2 and offsets.shape[-1] == 1:
+                # A pointer a program plus a tile's offsets every program shares: kept apart until read, so that a
+                # load that enables a few lanes computes those lanes' addresses only.
+                return tails.factored(base, offsets, width, ptr.dtype)
             shape = np.broadcast_shapes(ptr.data.shape, offset.data.shape)
             if offset.data.shape != shape:
                 return handle(ptr.data + width * offset.data.astype(np.uint64), ptr.dtype)
@@ -651,6 +717,8 @@ class _Batched:
             "create_map_elementwise",
         ):
             replacements[name] = unbatchable(name.removeprefix("create_"))
+        for name, operands in ELEMENTWISE.items():
+            replacements[name] = _lifted(getattr(b, name), operands)
         for name, method in replacements.items():
             scope.set_attr(b, name, method)
         reduce, scan = _reduction(it), _scan(it)
@@ -683,6 +751,34 @@ class _Batched:
 
         override_language()
         scope.set_attr(it, "_patch_lang", patch_lang)
+
+
+# The builder's elementwise operations that take a tailed block (spectest.gpu.tails) as it is: name, operands.
+ELEMENTWISE = {
+    "binary_op": 2,
+    "unary_op": 1,
+    "ternary_op": 3,
+    "cast_impl": 1,
+    "create_fp_to_fp": 1,
+    "create_bitcast": 1,
+    "create_fabs": 1,
+    "create_fma": 3,
+}
+
+
+def _lifted(operation: Callable[..., Any], operands: int) -> Callable[..., Any]:
+    """``operation`` on tailed blocks' live lanes and tail apart (:func:`spectest.gpu.tails.elementwise`), on whole
+    blocks otherwise."""
+
+    def run(*args: Any) -> Any:
+        handles, rest = args[:operands], args[operands:]
+        if any(tails.is_tailed(h) for h in handles):
+            result = tails.elementwise(lambda *parts: operation(*parts, *rest), handles)
+            if result is not None:
+                return result
+        return operation(*args)
+
+    return run
 
 
 def _common_programs(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -773,7 +869,8 @@ def _reduction(it: Any) -> Callable[..., Any]:
 
         def min_max(self, input: Any, val_reduce_op: Any, idx_reduce_op: Any = None) -> Any:
             input = input[0] if isinstance(input, tuple) else input
-            front, axes = self._axes(input.handle.data, contiguous=False)  # a maximum is the same in any order
+            data = tails.stacked(input.handle) if tails.is_tailed(input.handle) else input.handle.data
+            front, axes = self._axes(data, contiguous=False)  # a maximum is the same in any order
             keep = self.keep_dims
             if not np.issubdtype(front.dtype, np.inexact) or not np.isnan(front).any():
                 # Without a NaN, numpy's nan-ignoring reductions are its plain ones (which skip a masked copy).
@@ -798,6 +895,9 @@ def _reduction(it: Any) -> Callable[..., Any]:
 
         def sum(self, input: Any) -> Any:
             """numpy's sum in the order the interpreter's own takes for one program's block."""
+            if tails.is_tailed(input.handle):
+                total = np.sum(tails.front(input.handle), axis=-1)
+                return self.to_tensor(total[None, :] if self.keep_dims else total, input.dtype)
             data = input.handle.data
             programs, block = data.shape[-1], data.ndim - 1
             if block == 1:  # a row (the samplers' case): pairwise, as numpy sums a contiguous one
