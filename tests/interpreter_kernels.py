@@ -167,6 +167,7 @@ def kernels() -> SimpleNamespace:
         nan = tl.load(x_ptr + row * vocab + offs, mask=mask, other=float("nan"))
         own = tl.load(x_ptr + row * vocab + offs, mask=mask, other=tl.load(fill_ptr + row))
         shared = tl.load(x_ptr + row * vocab + offs, mask=mask, other=tl.where(offs < vocab + 3, 1.5, -2.5))
+        short = tl.load(x_ptr + row * vocab + offs, mask=offs < (vocab + 1) // 2, other=0.0)  # fewer live lanes
         top, at = tl.max(x, axis=0, return_indices=True)
         low, low_at = tl.min(own, axis=0, return_indices=True)
         sumexp = tl.where(top > float("-inf"), tl.sum(tl.exp(x - top)), 0.0)
@@ -185,6 +186,7 @@ def kernels() -> SimpleNamespace:
         tl.store(base + 11, tl.sum(tl.exp2(tl.minimum(zero, 0.5)) - (nan != nan).to(tl.float32)))
         tl.store(base + 12, tl.max(tl.sqrt(tl.abs(own)) + shared, axis=0))
         tl.store(base + 13, tl.min(tl.where(zero == 0.0, -own, shared)))
+        tl.store(base + 14, tl.sum(short + own) + tl.max(short * own, axis=0))  # live lanes of two lengths
         ints = out_int_ptr + (row * tl.num_programs(1) + tile) * 4
         tl.store(ints, at)
         tl.store(ints + 1, low_at)
@@ -194,7 +196,17 @@ def kernels() -> SimpleNamespace:
         block = out_ptr + (tl.num_programs(0) * tl.num_programs(1) * OUT) + (row * tl.num_programs(1) + tile) * BLOCK
         tl.store(block + tl.arange(0, BLOCK), tl.exp(x - top) + own)  # a tailed block stored whole
 
+    @triton.jit
+    def lengths(x_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+        """Two tailed blocks of different live lengths, the shorter with one fill for all programs, the longer
+        with each program's own: the shorter is widened to the longer's live lanes."""
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        short = tl.load(x_ptr + row * vocab + offs, mask=offs < (vocab + 1) // 2, other=0.0)
+        own = tl.load(x_ptr + row * vocab + offs, mask=offs < vocab, other=tl.load(x_ptr + row))
+        tl.store(out_ptr + row, tl.sum(short + own))
+
     _KERNELS = SimpleNamespace(
-        branches=branches, tiles=tiles, blocks=blocks, shapes=shapes, counting=counting, wide=wide
+        branches=branches, tiles=tiles, blocks=blocks, shapes=shapes, counting=counting, wide=wide, lengths=lengths
     )
     return _KERNELS

@@ -129,7 +129,7 @@ def test_tiles_wider_than_the_vocabulary_match_bit_for_bit(batched, monkeypatch,
 
     k = kernels()
     rng = np.random.default_rng(vocab)
-    rows, block, width = 24, 256, 14
+    rows, block, width = 24, 256, 15
     x = rng.standard_normal(max(1, rows * vocab)).astype(np.float32)
     if vocab:
         x[3] = np.nan  # a NaN among the live lanes of row 0
@@ -148,6 +148,18 @@ def test_tiles_wider_than_the_vocabulary_match_bit_for_bit(batched, monkeypatch,
 
     assert_same(*both(launch))
     assert made, "no load kept its fill as a tail"
+
+
+def test_tailed_blocks_of_different_live_lengths_combine(batched) -> None:
+    k = kernels()
+    x = torch.from_numpy(np.random.default_rng(3).random(24 * 5).astype(np.float32))
+
+    def launch() -> list[torch.Tensor]:
+        out = torch.zeros(24)
+        k.lengths[(24,)](x, out, 5, BLOCK=256)
+        return [out]
+
+    assert_same(*both(launch))
 
 
 def test_an_atomic_runs_program_by_program_with_the_same_result(batched) -> None:

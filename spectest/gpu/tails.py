@@ -142,8 +142,10 @@ def _split(handle: Any, lanes: int, live: int) -> tuple[np.ndarray, np.ndarray] 
             return None
         if len(handle.live) == live:
             return handle.live, handle.tail
-        extra = np.broadcast_to(handle.tail, (live - len(handle.live), handle.tail.shape[-1]))
-        return np.concatenate([handle.live, extra]), handle.tail
+        programs = max(handle.live.shape[-1], handle.tail.shape[-1])
+        head = np.broadcast_to(handle.live, (len(handle.live), programs))
+        extra = np.broadcast_to(handle.tail, (live - len(handle.live), programs))
+        return np.concatenate([head, extra]), handle.tail
     data = handle.data
     if data.ndim == 1 or (data.ndim == 2 and data.shape[0] == 1):
         return data, data  # one value a program: the same on every lane
