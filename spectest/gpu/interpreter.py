@@ -583,16 +583,11 @@ class _Batched:
                 if found is not None:
                     view, index = found
                     live = int(lanes[-1]) + 1 if lanes.size else 0
-                    fill = other_data if other_data.ndim == len(shape) else other_data[None]  # [lanes or 1, p]
-                    if len(shape) == 2 and live < shape[0] and tails.uniform_from(fill, live):
+                    fill = tails.load_fill(other_data, shape, live)
+                    if fill is not None:
                         # Every enabled lane lies before `live`: the lanes from it on hold the fill, kept as one row.
-                        start = fill[:live] if len(fill) > 1 else fill
-                        out = np.empty((live, shape[-1]), dtype=dtype_np)
-                        out[...] = start
-                        out[lanes] = view[index].reshape(addresses.shape)
-                        tail = np.asarray(fill[live : live + 1] if len(fill) > 1 else fill, dtype=dtype_np)
                         self.widest = max(self.widest, shape[0])  # a group's size, as if built whole
-                        return tails.tailed(out, tail, shape[0], dtype_tt)
+                        return tails.loaded(fill, shape, live, lanes, view[index].reshape(addresses.shape), dtype_tt)
                     out = np.empty(shape, dtype=dtype_np)
                     out[...] = other_data
                     out.reshape(-1, shape[-1])[lanes] = view[index].reshape(addresses.shape)
@@ -603,17 +598,13 @@ class _Batched:
                 # tail where no program enables a lane from `live` on.
                 rows = np.flatnonzero(enabled.any(axis=1))
                 live = int(rows[-1]) + 1 if rows.size else 0
-                fill = other_data if other_data.ndim == len(shape) else other_data[None]
-                if live < shape[0] and tails.uniform_from(fill, live):
+                fill = tails.load_fill(other_data, shape, live)
+                if fill is not None:
                     found = self.memory.locate(ptrs.rows(np.arange(live), shape[-1]), enabled[:live], dtype_np)
                     if found is not None:
                         view, index = found
-                        out = np.empty((live, shape[-1]), dtype=dtype_np)
-                        out[...] = fill[:live] if len(fill) > 1 else fill
-                        out[enabled[:live]] = view[index]
-                        tail = np.asarray(fill[live : live + 1] if len(fill) > 1 else fill, dtype=dtype_np)
                         self.widest = max(self.widest, shape[0])  # a group's size, as if built whole
-                        return tails.tailed(out, tail, shape[0], dtype_tt)
+                        return tails.loaded(fill, shape, live, enabled[:live], view[index], dtype_tt)
             addresses = np.broadcast_to(ptrs.data, shape)
             found = self.memory.locate(addresses, enabled, dtype_np)
             if found is None:

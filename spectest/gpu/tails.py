@@ -33,32 +33,50 @@ import numpy as np
 
 
 @cache
-def tailed_class() -> type:
-    """:class:`Tailed`, made once Triton (and its ``TensorHandle``) is imported."""
+def _deferred_class() -> type:
+    """A ``TensorHandle`` whose ``data`` is built from its parts on first read (``_build``), made once Triton is
+    imported."""
     from triton.runtime.interpreter import TensorHandle
 
-    class Tailed(TensorHandle):
-        """A 1-D block ``[lanes, programs]``: ``live`` [L, p] then ``tail`` [1, q] repeated to ``lanes``."""
-
-        def __init__(self, live: np.ndarray, tail: np.ndarray, lanes: int, dtype: Any) -> None:
+    class Deferred(TensorHandle):
+        def __init__(self, dtype: Any) -> None:  # the dataclass's fields, without its eager data
             self.dtype = dtype
             self.attr: dict[str, Any] = {}
-            self.live, self.tail, self.lanes = live, tail, lanes
             self._data: np.ndarray | None = None
+
+        def _build(self) -> np.ndarray:
+            raise NotImplementedError
 
         @property
         def data(self) -> np.ndarray:
             if self._data is None:
-                programs = max(self.live.shape[-1], self.tail.shape[-1])
-                whole = np.empty((self.lanes, programs), dtype=self.live.dtype)
-                whole[: len(self.live)] = self.live
-                whole[len(self.live) :] = self.tail
-                self._data = whole
+                self._data = self._build()
             return self._data
 
         @data.setter
         def data(self, value: np.ndarray) -> None:
             self._data = value
+
+    return Deferred
+
+
+@cache
+def tailed_class() -> type:
+    """:class:`Tailed`, made once Triton (and its ``TensorHandle``) is imported."""
+
+    class Tailed(_deferred_class()):
+        """A 1-D block ``[lanes, programs]``: ``live`` [L, p] then ``tail`` [1, q] repeated to ``lanes``."""
+
+        def __init__(self, live: np.ndarray, tail: np.ndarray, lanes: int, dtype: Any) -> None:
+            super().__init__(dtype)
+            self.live, self.tail, self.lanes = live, tail, lanes
+
+        def _build(self) -> np.ndarray:
+            programs = max(self.live.shape[-1], self.tail.shape[-1])
+            whole = np.empty((self.lanes, programs), dtype=self.live.dtype)
+            whole[: len(self.live)] = self.live
+            whole[len(self.live) :] = self.tail
+            return whole
 
     return Tailed
 
@@ -66,37 +84,27 @@ def tailed_class() -> type:
 @cache
 def factored_class() -> type:
     """:class:`Factored`, made once Triton is imported."""
-    from triton.runtime.interpreter import TensorHandle
 
-    class Factored(TensorHandle):
+    class Factored(_deferred_class()):
         """A pointer a program ``base`` [p] plus a tile of offsets every program shares [lanes, 1], as the
         builder's ``addptr`` adds them (uint64, ``width`` bytes an element): ``data`` builds the whole block,
         :meth:`rows` the addresses of some lanes only."""
 
         def __init__(self, base: np.ndarray, offsets: np.ndarray, width: np.uint64, dtype: Any) -> None:
-            self.dtype = dtype
-            self.attr: dict[str, Any] = {}
+            super().__init__(dtype)
             self.base, self.offsets, self.width = base, offsets, width
-            self._data: np.ndarray | None = None
 
         def rows(self, lanes: np.ndarray, programs: int) -> np.ndarray:
             out = self.offsets[lanes].astype(np.uint64)
             out *= self.width
             return np.broadcast_to(out + self.base, (len(lanes), programs))
 
-        @property
-        def data(self) -> np.ndarray:
-            if self._data is None:
-                shape = np.broadcast_shapes(self.base.shape, self.offsets.shape)
-                out = np.broadcast_to(self.offsets, shape).astype(np.uint64)
-                out *= self.width
-                out += self.base
-                self._data = out
-            return self._data
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._data = value
+        def _build(self) -> np.ndarray:
+            shape = np.broadcast_shapes(self.base.shape, self.offsets.shape)
+            out = np.broadcast_to(self.offsets, shape).astype(np.uint64)
+            out *= self.width
+            out += self.base
+            return out
 
     return Factored
 
@@ -124,6 +132,26 @@ def is_tailed(handle: Any) -> bool:
 
 def tailed(live: np.ndarray, tail: np.ndarray, lanes: int, dtype: Any) -> Any:
     return tailed_class()(live, tail, lanes, dtype)
+
+
+def load_fill(other: np.ndarray, shape: tuple[int, ...], live: int) -> np.ndarray | None:
+    """A load's fill as [lanes or 1, programs] where a load into ``shape`` whose enabled lanes all lie before
+    ``live`` can be kept tailed (a 1-D block, lanes left over, the fill one value on them); None otherwise."""
+    fill = other if other.ndim == len(shape) else other[None]
+    if len(shape) != 2 or live >= shape[0] or not uniform_from(fill, live):
+        return None
+    return fill
+
+
+def loaded(fill: np.ndarray, shape: tuple[int, ...], live: int, enabled: Any, values: np.ndarray, dtype: Any) -> Any:
+    """The tailed result of a load: the fill on lanes [0, live), ``values`` at ``enabled`` among them, the fill's
+    row at ``live`` for the rest."""
+    own = len(fill) > 1
+    out = np.empty((live, shape[-1]), dtype=values.dtype)
+    out[...] = fill[:live] if own else fill
+    out[enabled] = values
+    tail = np.asarray(fill[live : live + 1] if own else fill, dtype=values.dtype)
+    return tailed(out, tail, shape[0], dtype)
 
 
 def uniform_from(data: np.ndarray, start: int) -> bool:
