@@ -206,7 +206,33 @@ def kernels() -> SimpleNamespace:
         own = tl.load(x_ptr + row * vocab + offs, mask=offs < vocab, other=tl.load(x_ptr + row))
         tl.store(out_ptr + row, tl.sum(short + own))
 
+    @triton.jit
+    def ragged(n_ptr, x_ptr, out_ptr, K: tl.constexpr):
+        """vLLM V2's acceptance loop in small: each program loops over its own number of drafts; ``verifying``,
+        True before the loop, is a comparison's result in it (whose handle Triton's interpreter types as the
+        compared values', fp32, not int1), and a program with no drafts keeps the True."""
+        row = tl.program_id(0)
+        n = tl.load(n_ptr + row)
+        verifying = True
+        accepted = tl.zeros((), tl.int64)
+        last = 0.0
+        for i in range(n):
+            x = tl.load(x_ptr + row * K + i)
+            if verifying:
+                verifying = x > 0.2
+                accepted += verifying
+                last = x * 2.0
+        tl.store(out_ptr + row * 2, accepted.to(tl.float32))
+        tl.store(out_ptr + row * 2 + 1, last)
+
     _KERNELS = SimpleNamespace(
-        branches=branches, tiles=tiles, blocks=blocks, shapes=shapes, counting=counting, wide=wide, lengths=lengths
+        branches=branches,
+        tiles=tiles,
+        blocks=blocks,
+        shapes=shapes,
+        counting=counting,
+        wide=wide,
+        lengths=lengths,
+        ragged=ragged,
     )
     return _KERNELS

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from spectest import rules
+from spectest.protocol import RAGGED
 from tests.runner_helpers import run_pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,6 +103,9 @@ def engine_inputs(batch: int = 24, k: int = 3, vocab: int = 40, seed: int = 5):
 
 
 def tokens_both_ways(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's tokens for one call, Triton's interpreter program by program and batched (with rows of 0..K
+    drafts too, where the model takes them: each program's own loop length); batched, no launch falls back to the
+    interpreter's loop."""
     from spectest.gpu import interpreter
     from spectest.resolve import resolve_model
 
@@ -110,11 +114,19 @@ def tokens_both_ways(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         pytest.skip(model.unavailable)
     assert model.interpreted, f"{name} should run in Triton's interpreter here"
     drafts, draft, target = engine_inputs()
-    with interpreter.program_by_program():
-        stock = model.verify(drafts, draft, target, generator=torch.Generator().manual_seed(11))
-    interpreter.install()
-    batched = model.verify(drafts, draft, target, generator=torch.Generator().manual_seed(11))
-    return stock, batched
+    lengths = [None]
+    if RAGGED in model.capabilities:
+        lengths.append(torch.arange(len(drafts)) % (drafts.shape[1] + 1))
+    stock, batched = [], []
+    for counts in lengths:
+        extra = {} if counts is None else {"num_draft_tokens": counts}
+        with interpreter.program_by_program():
+            stock.append(model.verify(drafts, draft, target, generator=torch.Generator().manual_seed(11), **extra))
+        interpreter.install()
+        fallbacks = dict(interpreter.LAUNCHES.fallbacks)
+        batched.append(model.verify(drafts, draft, target, generator=torch.Generator().manual_seed(11), **extra))
+        assert interpreter.LAUNCHES.fallbacks == fallbacks, f"{name}: {interpreter.LAUNCHES.summary()}"
+    return torch.cat(stock), torch.cat(batched)
 
 
 @no_gpu

@@ -197,6 +197,29 @@ def test_spectest_triton_kernel_matches_in_every_variant(batched, variant: str) 
     assert interpreter.LAUNCHES.groups - before <= 2  # one launch, its programs in one group (two for the split)
 
 
+def test_loops_of_each_programs_own_length_stay_batched(batched) -> None:
+    """A loop pass that every enabled program takes merges nothing: a name bound to a Python value before the loop
+    and to a block in it is no conflict there (it was, and the launch fell back to running program by program)."""
+    k = kernels()
+    rng = np.random.default_rng(2)
+    rows, drafts = 200, 5
+    n = torch.from_numpy(rng.integers(0, drafts + 1, rows).astype(np.int32))
+    x = torch.from_numpy(rng.random(rows * drafts).astype(np.float32))
+
+    def launch() -> list[torch.Tensor]:
+        out = torch.full((rows * 2,), -1.0)
+        k.ragged[(rows,)](n, x, out, K=drafts)
+        return [out]
+
+    fallbacks, groups = sum(interpreter.LAUNCHES.fallbacks.values()), interpreter.LAUNCHES.groups
+    plain, batched_out = both(launch)
+    assert_same(plain, batched_out)
+    assert sum(interpreter.LAUNCHES.fallbacks.values()) == fallbacks
+    # Split once where the programs with no drafts read their names (Python values for them, blocks for the rest),
+    # and at most once more each where a loop's blocks conflict with the names' values before it.
+    assert interpreter.LAUNCHES.groups - groups <= 2 * (drafts + 2), interpreter.LAUNCHES.summary()
+
+
 def test_a_launch_whose_programs_agree_runs_as_one_group(batched) -> None:
     k = kernels()
     x = torch.full((64,), 0.9)

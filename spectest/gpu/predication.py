@@ -125,6 +125,13 @@ def select(condition: Any, taken: dict[str, Any], other: dict[str, Any], name: s
     if b is _MISSING or a is b:
         return a
     truths = condition if isinstance(condition, np.ndarray) else _truths(condition)
+    # Where the enabled programs all took one side, its value serves them all (a disabled program's is thrown away):
+    # a name a loop pass assigns, merged where every program was still looping, is no conflict to split over.
+    enabled = active_values(truths)
+    if enabled.size and enabled.all():
+        return a
+    if enabled.size and not enabled.any():
+        return b
     if isinstance(a, Conflicted) or isinstance(b, Conflicted):
         return Conflicted(truths)
     if _is_tensor(a) and _is_tensor(b):

@@ -40,9 +40,9 @@ import torch
 from spectest.availability import cuda_available
 from spectest.gpu.engine_kernels import EngineKernels
 from spectest.gpu.interpreter import describe_kernels
+from spectest.protocol import RAGGED
 from spectest.sampling import global_rng_from
 
-RAGGED = "ragged-drafts"
 KERNELS = (
     "rejection_greedy_sample_kernel",
     "rejection_random_sample_kernel",
