@@ -41,6 +41,9 @@ says: "lengths" (``verify(..., num_draft_tokens=n)``, int64 [B], vLLM's per-requ
 past a row's count are padding, ``target_probs[r, n_r]`` is its bonus row, and it emits at most
 n_r + 1 tokens. ``spectest_dtypes`` the probability dtypes it accepts (default float32 and float64; add
 "bfloat16", "float16" for half precision, held to the distribution the half values define).
+``spectest_one_hot_drafts = True``: the model takes each draft as one-hot at its token whatever
+``draft_probs`` say (vLLM's ``draft_probs=None``), accepting draft x with probability p(x): the harness
+plans how often each position is reached from that rule, not from min(p, q).
 ``spectest_speed_gate`` (a number >= 1): the speed property also fails the model when a pass
 costs more than that multiple of an efficient pass (``--spec-speed-gate`` for every model).
 
@@ -138,6 +141,9 @@ class Model:
     tie_break: str = "lowest-id"  # greedy rows' rule for exactly tied top logits (TIE_BREAKS)
     dtypes: tuple[str, ...] = DEFAULT_DTYPES  # probability dtypes the harness hands it (DTYPE_NAMES)
     draft_padding: str = "lengths"  # how short rows are marked, with the ragged-drafts capability
+    # Takes each draft as one-hot at its token (spectest_one_hot_drafts): accepts draft x with probability p(x), so
+    # position i is reached with probability prod_{j<i} sum q_j p_j, where standard rejection has sum min(p_j, q_j).
+    one_hot_drafts: bool = False
     # The speed property's efficiency gate the model asks for (spectest_speed_gate): its passes may
     # cost at most this multiple of an efficient pass; None: measured and reported only.
     speed_gate: float | None = None
@@ -223,6 +229,7 @@ def build_model(name: str, source: str, obj: Any, verify: Callable[..., Any], mo
         description=str(description) if description else None,
         speed_gate=gate,
         draft_padding=padding,
+        one_hot_drafts=bool(declared("spectest_one_hot_drafts")),
         dtypes=dtypes,
         tie_break=tie_break,
         max_tv=declared_max_tv(name, declared("spectest_max_tv"), declared("spectest_lossy")),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from spectest import strategies as sst
 from spectest.cases.toy_models import DRAFT_KINDS, TARGET_KINDS, distribution_pair, markov_pair
 from spectest.implementations.reference import verify
-from spectest.protocol import Model
+from spectest.protocol import Model, build_model
 from spectest.sampling import make_generator
 from spectest.suite.loop import generate, sequence_index
 
@@ -79,3 +79,29 @@ def test_equal_draft_emits_k_plus_one_every_pass():
         device=torch.device("cpu"),
     )
     assert run.passes == 2 and (run.tokens_per_pass == 4).all()
+
+
+def test_a_one_hot_verifier_reaches_each_position_as_its_plan_says():
+    """A verifier that takes each draft as one-hot (accepts draft x with probability p(x): tests/verifiers'
+    ignores_draft_probs, vLLM's draft_probs=None) reaches position i with probability prod_{j<i} sum q_j p_j, which
+    the per-position checks plan from when it declares spectest_one_hot_drafts; standard rejection's
+    prod_{j<i} sum min(p_j, q_j) overstates it, and a check planned from that falls short of its detectable TV."""
+    from spectest.suite.positions import reach_probabilities
+    from tests.verifiers.correct import ignores_draft_probs
+
+    rng = np.random.default_rng(3)
+    batch, k, vocab, copies = 4, 3, 6, 20_000
+    target = rng.dirichlet(np.ones(vocab), size=(batch, k + 1))
+    draft = rng.dirichlet(np.ones(vocab), size=(batch, k))
+    generator = make_generator(3)
+    q = torch.from_numpy(draft).repeat(copies, 1, 1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=generator).reshape(-1, k)
+    emitted = ignores_draft_probs(drafts, q, torch.from_numpy(target).repeat(copies, 1, 1), generator=generator)
+    reached = (emitted != -1).reshape(copies, batch, k + 1).double().mean(0).numpy()
+
+    def z(planned: np.ndarray) -> np.ndarray:
+        return (reached - planned) / np.sqrt(planned * (1 - planned) / copies + 1e-300)
+
+    assert np.abs(z(reach_probabilities(target, draft, one_hot=True))[:, 1:]).max() < 5
+    assert z(reach_probabilities(target, draft))[:, 1:].min() < -10  # the standard plan expects far more
+    assert build_model("o", "o", ignores_draft_probs, ignores_draft_probs).one_hot_drafts

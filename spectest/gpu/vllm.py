@@ -223,6 +223,7 @@ def _sampling_metadata(temperature: torch.Tensor, top_k: Any, top_p: Any) -> Any
 
 class VllmOneHot(VllmRejectionSampler):
     spectest_capabilities = frozenset({RAGGED})  # not standard: it tests against one-hot drafts, not q
+    spectest_one_hot_drafts = True  # accepts draft x with probability p(x): its positions' reach planned so
     draft_probs = False
 
 

@@ -157,6 +157,7 @@ class VllmV2Sampler(EngineKernels):
 
 class VllmV2OneHot(VllmV2Sampler):
     spectest_capabilities = frozenset({RAGGED})  # tests against one-hot drafts, not q
+    spectest_one_hot_drafts = True  # accepts draft x with probability p(x): its positions' reach planned so
     draft_logits = False
 
 

@@ -3,7 +3,8 @@
 Every row and position of a batch has its own (p, q); the batch is handed to the verifier many
 copies at a time with fresh drafts, and the emitted token at each (row, position) is tested
 against p there, weighted by how often that position is reached (standard rejection sampling
-reaches position i with probability prod_{j<i} sum min(p_j, q_j)). Tokens of target
+reaches position i with probability prod_{j<i} sum min(p_j, q_j); a verifier that declares one-hot drafts,
+prod_{j<i} sum q_j p_j). Tokens of target
 probability zero are an exact failure. Where most tokens are expected far below once (large
 vocabularies), every token is also its own cell (spectest.statistics.sparse), the rows at each
 position one stratum.
@@ -37,9 +38,11 @@ def ratio_order(p: np.ndarray, q: np.ndarray | None) -> np.ndarray:
     return np.lexsort((p, ratio))
 
 
-def reach_probabilities(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
-    """P(position i is emitted) under standard rejection sampling: prod_{j<i} sum min(p_j, q_j)."""
-    acceptance = np.minimum(target[:, :-1], draft).sum(-1)
+def reach_probabilities(target: np.ndarray, draft: np.ndarray, *, one_hot: bool = False) -> np.ndarray:
+    """P(position i is emitted) under standard rejection sampling, prod_{j<i} sum min(p_j, q_j); ``one_hot``: for a
+    verifier that takes each draft drawn from q as one-hot at its token, accepting it with probability p(x),
+    prod_{j<i} sum q_j p_j (lower: planned from min(p, q), such a verifier's later positions fall short)."""
+    acceptance = (target[:, :-1] * draft if one_hot else np.minimum(target[:, :-1], draft)).sum(-1)
     ones = np.ones((target.shape[0], 1))
     return np.concatenate([ones, np.cumprod(acceptance, axis=1)], axis=1)
 
@@ -67,7 +70,7 @@ def check_every_position(
     k = k1 - 1
     per_rep = b * (2 * k + 1) * v
     row_labels = row_labels or [""] * b
-    reach = reach_probabilities(target, draft)
+    reach = reach_probabilities(target, draft, one_hot=spec.model.one_hot_drafts)
     if lengths is not None:
         reach = reach * (np.arange(k1)[None, :] <= lengths[:, None])
     check = spec.distribution(

@@ -56,6 +56,9 @@ def ignores_draft_probs(draft_token_ids, draft_probs, target_probs, *, generator
     return _assemble(draft_token_ids, n_acc, sample_categorical(weights, generator))
 
 
+ignores_draft_probs.spectest_one_hot_drafts = True  # its positions' reach planned from p(x), not min(p, q)
+
+
 class VerifierObject:
     """An object with a verify method (the other accepted shape of a model). It takes ragged
     batches FlashInfer's way: draft ids past a row's count are -1, and it counts them itself."""
@@ -86,6 +89,8 @@ gated_reference = GatedReference()
 class OneHotDraftLogits:
     """Logits-level control that treats the draft as one-hot: accepts d with probability p(d)
     under the processed target, on rejection samples that target without d. Lossless for any draft."""
+
+    spectest_one_hot_drafts = True
 
     def verify(self, draft_token_ids, draft_probs, target_probs, *, generator):
         return ignores_draft_probs(draft_token_ids, draft_probs, target_probs, generator=generator)
