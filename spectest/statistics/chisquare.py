@@ -386,7 +386,8 @@ def plan_draws(
 ) -> tuple[int, float]:
     """Fewest draws whose expected per-group samples (draws x reach) detect ``tolerance``.
 
-    Degrees of freedom come from :func:`approx_bins` (an upper bound, so the plan errs long).
+    Degrees of freedom come from :func:`approx_bins` (an upper bound, so the plan errs long); the sample size
+    counts only the groups of two bins or more, as the fit does (a group of one bin tests nothing).
     Returns (draws, minimum detectable TV at those draws): capped at ``max_draws`` when the
     tolerance is out of reach, and ``min_draws`` when nothing is testable at any size (a
     single possible token everywhere: only the exact checks apply).
@@ -394,8 +395,13 @@ def plan_draws(
 
     def mde(draws: int) -> float:
         n_g = draws * reach
-        df = sum(approx_bins(n, int(c), float(t)) - 1 for n, c, t in zip(n_g, positive_cells, top_mass, strict=True))
-        return min_detectable_tv(float(n_g.sum()), df, alpha, power)
+        bins = np.array(
+            [approx_bins(n, int(c), float(t)) for n, c, t in zip(n_g, positive_cells, top_mass, strict=True)]
+        )
+        # A group pooled into one bin tests nothing: the fit leaves it out, its samples too (chisquare_groups), so
+        # they count toward neither the degrees of freedom nor the sample size the plan promises a TV for.
+        tested = bins > 1
+        return min_detectable_tv(float(n_g[tested].sum()), int((bins - 1).sum()), alpha, power)
 
     best = mde(max_draws)
     if best >= 1.0:
